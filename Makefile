@@ -1,0 +1,35 @@
+# haarvest — every target bootstraps its own virtual environment on a fresh machine.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+EXTRAS ?= dev,eval
+
+.PHONY: demo test audit bench eval venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/haarvest demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+audit: $(STAMP)
+	HAARVEST_AUDIT_TRIALS=1000000 $(BIN)/python -m pytest -q tests/audit -m "slow or not slow"
+
+bench:
+	$(MAKE) EXTRAS=dev,eval,bench venv
+	$(BIN)/python -m simulations.bench
+
+eval: $(STAMP)
+	$(BIN)/haarvest simulate eval
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

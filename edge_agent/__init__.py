@@ -1,0 +1,1 @@
+"""haarvest.edge_agent"""

@@ -1,0 +1,5 @@
+import sys
+
+from haarvest.cli import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""The ``haarvest`` command: one entry point, subcommands contributed by each package.
+
+Each package exposes ``register(subparsers)`` in its ``cli`` module; subcommands are imported lazily so a
+device never imports coordinator code it does not need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: (subcommand, module providing ``register``) — modules are imported only if present.
+SUBCOMMAND_MODULES = [
+    ("agent", "edge_agent.cli"),
+    ("coordinator", "coordinator.cli"),
+    ("simulate", "simulations.cli"),
+    ("demo", "simulations.demo"),
+    ("pki", "coordinator.pki"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="haarvest", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for _name, module in SUBCOMMAND_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and module.startswith(exc.name):
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
