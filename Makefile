@@ -26,7 +26,7 @@ audit: $(STAMP)
 
 bench:
 	$(MAKE) EXTRAS=dev,eval,bench venv
-	$(BIN)/python -m simulations.bench
+	$(BIN)/python -m simulations.bench $(BENCH_ARGS)
 
 eval: $(STAMP)
 	$(BIN)/haarvest simulate eval
