@@ -1,0 +1,242 @@
+"""Wire format shared by devices and coordinator: topics, signed reports, signed round configurations.
+
+Everything that crosses the network is canonical JSON (sorted keys, no whitespace, no NaN) validated by a
+pydantic model. Reports are signed by the device's Ed25519 key over a domain-separated message binding the MQTT
+topic, device id, boot counter, sequence number, round id and body (so a report cannot be replayed to another
+topic, device or round without breaking the signature). Round configurations are signed by the coordinator's
+Ed25519 key; devices accept only rounds that verify under the coordinator key they were provisioned with.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Annotated, Any, Literal
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA_VERSION = 1
+TOPIC_PREFIX = "haarvest/v1"
+#: Identifiers are topic-safe: no MQTT wildcards or separators.
+IDENT = r"^[A-Za-z0-9_.:-]{1,64}$"
+MAX_PAYLOAD = 64 * 1024
+
+Ident = Annotated[str, Field(pattern=IDENT)]
+
+__all__ = [
+    "WireError",
+    "Report",
+    "RoundConfig",
+    "canonical_json",
+    "report_topic",
+    "round_topic",
+    "status_topic",
+    "ROUNDS_CURRENT_TOPIC",
+    "REPORTS_WILDCARD",
+    "device_id_from_topic",
+    "sign_report",
+    "verify_report",
+    "decode_report",
+    "sign_round",
+    "verify_round",
+    "decode_round",
+    "generate_signing_key",
+    "public_key_b64",
+    "load_public_key",
+    "load_private_key",
+    "private_key_b64",
+]
+
+
+class WireError(ValueError):
+    """A message that is malformed, unsigned, wrongly signed or otherwise unacceptable. ``reason`` is a short code."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Deterministic JSON bytes: sorted keys, compact separators, ASCII, NaN/inf refused."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+# --- topics -------------------------------------------------------------------------------------------------
+
+REPORTS_WILDCARD = f"{TOPIC_PREFIX}/reports/+"
+ROUNDS_CURRENT_TOPIC = f"{TOPIC_PREFIX}/rounds/current"
+
+
+def report_topic(device_id: str) -> str:
+    return f"{TOPIC_PREFIX}/reports/{device_id}"
+
+
+def round_topic(round_id: str) -> str:
+    return f"{TOPIC_PREFIX}/rounds/{round_id}"
+
+
+def status_topic(device_id: str) -> str:
+    return f"{TOPIC_PREFIX}/status/{device_id}"
+
+
+def device_id_from_topic(topic: str) -> str:
+    """The device id a report topic names; WireError('wrong_topic') for any other topic."""
+    prefix = f"{TOPIC_PREFIX}/reports/"
+    if not topic.startswith(prefix):
+        raise WireError("wrong_topic", topic)
+    device = topic[len(prefix) :]
+    if not device or "/" in device:
+        raise WireError("wrong_topic", topic)
+    return device
+
+
+# --- keys ---------------------------------------------------------------------------------------------------
+
+
+def generate_signing_key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+def public_key_b64(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return base64.b64encode(pub.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+
+
+def private_key_b64(key: Ed25519PrivateKey) -> str:
+    from cryptography.hazmat.primitives.serialization import NoEncryption, PrivateFormat
+
+    return base64.b64encode(key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())).decode()
+
+
+def load_public_key(b64: str) -> Ed25519PublicKey:
+    try:
+        return Ed25519PublicKey.from_public_bytes(base64.b64decode(b64, validate=True))
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is a bad key
+        raise ValueError(f"not a base64 raw Ed25519 public key: {exc}") from None
+
+
+def load_private_key(b64: str) -> Ed25519PrivateKey:
+    try:
+        return Ed25519PrivateKey.from_private_bytes(base64.b64decode(b64.strip(), validate=True))
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"not a base64 raw Ed25519 private key: {exc}") from None
+
+
+# --- models -------------------------------------------------------------------------------------------------
+
+
+class _Signed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sig: str = ""
+
+    def unsigned_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude={"sig"})
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json"))
+
+
+class Report(_Signed):
+    """One device's privatized report for one stream in one round.
+
+    ``body`` is the mechanism's report for this device (lists of numbers; see the mechanism's ``to_wire``).
+    ``seq`` increases strictly per device across reboots (the coordinator's replay high-water mark); ``boot`` is
+    the device's boot counter.
+    """
+
+    v: Literal[1] = SCHEMA_VERSION
+    device_id: Ident
+    boot: int = Field(ge=0)
+    seq: int = Field(ge=0)
+    round_id: Ident
+    stream: Ident
+    mechanism: Ident
+    body: dict[str, Any]
+
+    def signing_message(self, topic: str) -> bytes:
+        return b"haarvest-report-v1\n" + topic.encode() + b"\n" + canonical_json(self.unsigned_dict())
+
+
+class RoundConfig(_Signed):
+    """Public parameters of one collection round, signed by the coordinator and published retained.
+
+    ``params`` holds everything a device needs (mechanism names, per-stream parameters, rounding steps,
+    candidate prefixes, ...). ``depends_on`` lists the earlier rounds whose aggregates chose these parameters
+    (sequential interaction, SPEC §5). ``epsilon`` is the most one device may spend on this round.
+    """
+
+    v: Literal[1] = SCHEMA_VERSION
+    round_id: Ident
+    protocol: Ident
+    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    params: dict[str, Any] = Field(default_factory=dict)
+    depends_on: list[Ident] = Field(default_factory=list)
+    issued_at: float = Field(default_factory=time.time)
+    not_after: float | None = None
+
+    def signing_message(self) -> bytes:
+        return b"haarvest-round-v1\n" + canonical_json(self.unsigned_dict())
+
+
+def _sign(model: _Signed, message: bytes, key: Ed25519PrivateKey) -> Any:
+    return model.model_copy(update={"sig": base64.b64encode(key.sign(message)).decode()})
+
+
+def _verify(sig: str, message: bytes, key: Ed25519PublicKey) -> None:
+    if not sig:
+        raise WireError("unsigned")
+    try:
+        raw = base64.b64decode(sig, validate=True)
+    except Exception:  # noqa: BLE001
+        raise WireError("bad_signature", "signature is not base64") from None
+    try:
+        key.verify(raw, message)
+    except InvalidSignature:
+        raise WireError("bad_signature") from None
+
+
+def sign_report(report: Report, topic: str, key: Ed25519PrivateKey) -> Report:
+    return _sign(report, report.signing_message(topic), key)
+
+
+def verify_report(report: Report, topic: str, key: Ed25519PublicKey) -> None:
+    """Raise WireError('unsigned' | 'bad_signature') unless ``report`` is validly signed for ``topic``."""
+    _verify(report.sig, report.signing_message(topic), key)
+
+
+def sign_round(config: RoundConfig, key: Ed25519PrivateKey) -> RoundConfig:
+    return _sign(config, config.signing_message(), key)
+
+
+def verify_round(config: RoundConfig, key: Ed25519PublicKey) -> None:
+    _verify(config.sig, config.signing_message(), key)
+
+
+def _decode(model: type[_Signed], payload: bytes) -> Any:
+    if len(payload) > MAX_PAYLOAD:
+        raise WireError("too_large", f"{len(payload)} bytes > {MAX_PAYLOAD}")
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WireError("malformed", f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise WireError("malformed", "not a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise WireError("schema", f"{where}: {first.get('msg')}") from None
+
+
+def decode_report(payload: bytes) -> Report:
+    return _decode(Report, payload)
+
+
+def decode_round(payload: bytes) -> RoundConfig:
+    return _decode(RoundConfig, payload)

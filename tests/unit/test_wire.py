@@ -1,0 +1,69 @@
+import pytest
+
+from protocols import wire
+
+
+@pytest.fixture
+def key():
+    return wire.generate_signing_key()
+
+
+def _report(**kw):
+    base = dict(device_id="dev-1", boot=2, seq=7, round_id="r1", stream="cpu", mechanism="hybrid", body={"y": [0.5]})
+    base.update(kw)
+    return wire.Report(**base)
+
+
+def test_sign_verify_roundtrip(key):
+    topic = wire.report_topic("dev-1")
+    signed = wire.sign_report(_report(), topic, key)
+    decoded = wire.decode_report(signed.to_bytes())
+    wire.verify_report(decoded, topic, key.public_key())
+    assert wire.device_id_from_topic(topic) == "dev-1"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"seq": 8}, {"boot": 3}, {"round_id": "r2"}, {"body": {"y": [0.6]}}, {"device_id": "dev-2"}],
+)
+def test_tampering_breaks_signature(key, change):
+    topic = wire.report_topic("dev-1")
+    signed = wire.sign_report(_report(), topic, key)
+    tampered = signed.model_copy(update=change)
+    with pytest.raises(wire.WireError) as err:
+        wire.verify_report(tampered, topic, key.public_key())
+    assert err.value.reason == "bad_signature"
+
+
+def test_topic_is_bound(key):
+    signed = wire.sign_report(_report(), wire.report_topic("dev-1"), key)
+    with pytest.raises(wire.WireError):
+        wire.verify_report(signed, wire.report_topic("dev-9"), key.public_key())
+
+
+def test_unsigned_and_malformed():
+    with pytest.raises(wire.WireError) as err:
+        wire.verify_report(_report(), "t", wire.generate_signing_key().public_key())
+    assert err.value.reason == "unsigned"
+    for payload, reason in [(b"\xff", "malformed"), (b"[]", "malformed"), (b'{"v":1}', "schema"),
+                            (b"x" * (wire.MAX_PAYLOAD + 1), "too_large")]:
+        with pytest.raises(wire.WireError) as err:
+            wire.decode_report(payload)
+        assert err.value.reason == reason
+    with pytest.raises(wire.WireError):
+        wire.device_id_from_topic("haarvest/v1/rounds/x")
+    with pytest.raises(ValueError):
+        _report(device_id="a/b")
+
+
+def test_round_config_signing(key):
+    cfg = wire.sign_round(wire.RoundConfig(round_id="r1", protocol="haar", epsilon=1.0, params={"k": 4}), key)
+    wire.verify_round(wire.decode_round(cfg.to_bytes()), key.public_key())
+    with pytest.raises(wire.WireError):
+        wire.verify_round(cfg.model_copy(update={"epsilon": 9.0}), key.public_key())
+
+
+def test_key_serialisation(key):
+    assert wire.public_key_b64(wire.load_private_key(wire.private_key_b64(key))) == wire.public_key_b64(key)
+    with pytest.raises(ValueError, match="Ed25519"):
+        wire.load_public_key("nope")
