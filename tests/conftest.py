@@ -7,6 +7,8 @@ import os
 import numpy as np
 import pytest
 
+from tests.brokers import mosquitto  # noqa: F401  (fixture)
+
 #: Trials per side for audits in the regular test run; `make audit` raises it to 10^6.
 AUDIT_TRIALS = int(os.environ.get("HAARVEST_AUDIT_TRIALS", "20000"))
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
