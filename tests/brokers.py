@@ -43,6 +43,8 @@ class Mosquitto:
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\n"
             "allow_anonymous true\n"
+            # tests run as root with 0700 temp dirs: keep mosquitto from dropping to the mosquitto user
+            "user root\n"
             "persistence true\n"
             f"persistence_location {self.workdir}/\n"
             "autosave_interval 1\n"
