@@ -1,0 +1,82 @@
+"""Helpers shared by the numeric mechanisms: argument checks, scalar/array results, the vector base class."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from protocols.base import NumericMechanism, check_int, check_unit_interval
+
+__all__ = ["check_rng", "check_reports", "check_dimension", "as_result", "VectorMeanMechanism"]
+
+
+def check_rng(rng: Any) -> np.random.Generator:
+    """``rng`` must be a :class:`numpy.random.Generator` (devices: ``protocols.base.os_rng()``)."""
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    return rng
+
+
+def check_reports(reports: Any, bound: float | None = None, name: str = "reports") -> np.ndarray:
+    """Reports received from devices: finite floats, and within ``[-bound, bound]`` when the output is bounded.
+
+    A small relative slack (1e-9) absorbs float rounding; anything further out cannot have come from the
+    mechanism and is rejected rather than silently biasing the estimate.
+    """
+    arr = np.asarray(reports, dtype=float)
+    if arr.size and not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite; got NaN or infinity")
+    if bound is not None and arr.size:
+        worst = float(np.max(np.abs(arr)))
+        if worst > bound * (1 + 1e-9):
+            raise ValueError(f"{name} must lie in [-{bound:.6g}, {bound:.6g}]; got |report| = {worst:.6g}")
+    return arr
+
+
+def as_result(value: np.ndarray, like: Any) -> Any:
+    """Return a Python float when the caller passed a scalar, else the array."""
+    return float(value) if np.ndim(like) == 0 else value
+
+
+class VectorMeanMechanism(NumericMechanism):
+    """Mean estimation for vectors in ``[-1, 1]^d``: one report row of length ``d`` per user.
+
+    ``privatize`` takes ``(n, d)`` (or one user's ``(d,)``) and returns the same shape; ``estimate`` returns the
+    ``(d,)`` vector of per-coordinate unbiased means; ``variance(t)`` is elementwise in the coordinates
+    ``t_j`` (the per-user variance of coordinate ``j`` of the debiased report when that coordinate is ``t_j``).
+    Distinct from scalar :class:`~protocols.base.NumericMechanism` objects by ``isinstance`` and by ``d``.
+    """
+
+    d: int
+
+    def _check_values(self, values: Any) -> np.ndarray:
+        arr = check_unit_interval(values)
+        if arr.ndim == 0 or arr.shape[-1] != self.d:
+            raise ValueError(f"values must have shape (n, {self.d}) (one row per user); got shape {arr.shape}")
+        return arr
+
+    def _check_report_shape(self, reports: Any, bound: float | None) -> np.ndarray:
+        arr = check_reports(reports, bound)
+        if arr.ndim == 0 or arr.shape[-1] != self.d:
+            raise ValueError(f"reports must have shape (n, {self.d}); got shape {arr.shape}")
+        return arr
+
+    def estimate(self, reports: np.ndarray) -> np.ndarray:
+        """Per-coordinate mean of the debiased reports: shape ``(d,)``."""
+        values = self.debias(reports).reshape(-1, self.d)
+        if values.shape[0] == 0:
+            raise ValueError("cannot estimate a mean from zero reports")
+        return values.mean(axis=0)
+
+    def worst_case_variance(self) -> float:
+        """max over t_j ∈ [-1, 1] of the per-coordinate variance (the variance is elementwise in t_j)."""
+        grid = np.linspace(-1.0, 1.0, 2001)
+        return float(np.max(self.variance(grid)))
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "d": self.d}
+
+
+def check_dimension(d: Any) -> int:
+    return check_int(d, "d", 1)

@@ -1,0 +1,104 @@
+"""k-sampling: mean estimation for vectors in [-1, 1]^d with a 1-D mechanism on k sampled coordinates (SPEC §3.4).
+
+Reference: Wang et al., *Collecting and Analyzing Multidimensional Data with Local Differential Privacy*,
+ICDE 2019, Algorithm 4 (k = max(1, min(d, ⌊ε/2.5⌋))).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from protocols.base import NumericMechanism, check_epsilon, check_unit_interval
+
+from ._common import VectorMeanMechanism, as_result, check_dimension, check_rng
+from .additive import Laplace
+from .duchi import Duchi
+from .pdp import PDP
+from .piecewise import Hybrid, Piecewise
+
+__all__ = ["KSampling", "make_scalar_mechanism", "SCALAR_MECHANISMS", "KSAMPLING_BASES"]
+
+#: 1-D mechanisms by name (pure ε-LDP, inputs in [-1, 1]).
+SCALAR_MECHANISMS: dict[str, type[NumericMechanism]] = {
+    "laplace": Laplace,
+    "duchi": Duchi,
+    "piecewise": Piecewise,
+    "hybrid": Hybrid,
+    "pdp": PDP,
+}
+#: Bases allowed inside :class:`KSampling` (bounded outputs).
+KSAMPLING_BASES = ("hybrid", "piecewise", "duchi", "pdp")
+
+
+def make_scalar_mechanism(name: str, epsilon: float) -> NumericMechanism:
+    """Build a 1-D pure-ε mechanism by name (one of :data:`SCALAR_MECHANISMS`)."""
+    try:
+        cls = SCALAR_MECHANISMS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown 1-D mechanism {name!r}; known: {', '.join(SCALAR_MECHANISMS)}") from None
+    return cls(epsilon)
+
+
+class KSampling(VectorMeanMechanism):
+    """Each user samples k of the d coordinates uniformly without replacement and reports, for j in the sample,
+    ``(d/k)·M(t_j; ε/k)`` (M's debiased output), and 0 for the other coordinates.
+
+    * ``k = max(1, min(d, ⌊ε/2.5⌋))``; ``M ∈ {hybrid, piecewise, duchi, pdp}`` (``base``), run at ε/k.
+    * **Privacy:** the sample S is drawn independently of t, and given S the report has density
+      ``Π_{j∈S} f_M(y_j | t_j; ε/k)`` (post-processing by the fixed scaling d/k and M's debiasing), so
+      ``P[out | t1]/P[out | t2] = Σ_S P[S] Π_j f(·|t1_j) / Σ_S P[S] Π_j f(·|t2_j) ≤ (e^{ε/k})^k = e^ε``.
+    * **Unbiased:** ``E[Y_j] = (k/d)·(d/k)·t_j = t_j``.
+    * **Variance** of coordinate j: ``E[Y_j²] = (k/d)(d/k)² (Var_M(t_j; ε/k) + t_j²)``, so
+      ``Var_j = (d/k)(Var_M(t_j; ε/k) + t_j²) - t_j²``.
+
+    Reports are dense ``(n, d)`` float arrays (zeros where not sampled); ``estimate`` is their column mean.
+    """
+
+    def __init__(self, epsilon: float, d: int, base: str = "hybrid") -> None:
+        self.epsilon = check_epsilon(epsilon)
+        self.delta = 0.0
+        self.d = check_dimension(d)
+        if base not in KSAMPLING_BASES:
+            raise ValueError(f"base must be one of {', '.join(KSAMPLING_BASES)}, got {base!r}")
+        self.base = base
+        self.k = max(1, min(self.d, math.floor(self.epsilon / 2.5)))
+        self.base_mechanism = make_scalar_mechanism(base, self.epsilon / self.k)
+        self.scale = self.d / self.k
+        largest = float(np.max(np.abs(self.base_mechanism.debias(np.array([self.base_mechanism.bound])))))
+        self.bound = self.scale * largest
+
+    def sample_coordinates(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``(n, k)`` indices: k distinct coordinates per user, uniformly (argpartition of i.i.d. uniforms)."""
+        if self.k == self.d:
+            return np.broadcast_to(np.arange(self.d), (n, self.d))
+        if self.k == 1:
+            return rng.integers(0, self.d, size=(n, 1))
+        return np.argpartition(rng.random((n, self.d)), self.k - 1, axis=1)[:, : self.k]
+
+    def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
+        t = self._check_values(values)
+        rng = check_rng(rng)
+        shape = t.shape
+        t = t.reshape(-1, self.d)
+        n = t.shape[0]
+        cols = self.sample_coordinates(n, rng)
+        rows = np.arange(n)[:, None]
+        chosen = t[rows, cols]
+        noisy = self.base_mechanism.debias(self.base_mechanism.privatize(chosen.ravel(), rng)).reshape(chosen.shape)
+        out = np.zeros_like(t)
+        out[rows, cols] = self.scale * noisy
+        return out.reshape(shape)
+
+    def debias(self, reports: np.ndarray) -> np.ndarray:
+        return self._check_report_shape(reports, self.bound)
+
+    def variance(self, t: Any = 0.0) -> Any:
+        tt = check_unit_interval(t, "t")
+        var = self.scale * (np.asarray(self.base_mechanism.variance(tt)) + tt**2) - tt**2
+        return as_result(var, t)
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "base": self.base}
