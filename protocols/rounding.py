@@ -1,0 +1,326 @@
+"""Volatility detection and adaptive α-point rounding on the device (SPEC §2.1–2.2).
+
+**Volatility (SPEC §2.1).** For dimension j with declared bounds [lo_j, hi_j] and a window holding the W + 1 most
+recent values v_0..v_W (so W consecutive differences, t = 1..W in the SPEC formula):
+
+    score_j = Σ_{t=1..W} |v_{j,t} - v_{j,t-1}| / (W · (hi_j - lo_j))  ∈ [0, 1]
+
+(values are clipped to the bounds first, so the score stays in [0, 1]). Convention: the score is the *mean*
+absolute step over the differences the window holds; during warm-up (fewer than W + 1 values seen) it is the
+mean over the differences available, and 0 with fewer than two values. Dimension j is volatile iff
+``score_j > τ``.
+
+**α-point rounding (SPEC §2.2; Ding, Kulkarni, Yekhanin, NeurIPS 2017 "Collecting telemetry data privately").**
+Each device draws once per dimension, for life, ``u_j ~ U[0, 1)`` and uses ``α_j = u_j·step_j``. With the grid
+anchored at lo (points lo + i·step), L the grid point at or below x and R = L + step: output L if
+``x + α < R`` else R. Equivalently the grid index is ``⌊(x - lo)/step + u⌋``. Over the randomness of u,
+``P[R] = (x - L)/step``, so ``E[y] = x`` and ``E[(y - x)²] = (R - x)(x - L)``. Since u is fixed for life, a value
+that jitters inside one cell without crossing ``L + (1 - u)·step`` keeps its rounded value — the memo key
+(built from the integer grid index) then repeats and memoization costs no further budget.
+
+**Steps (SPEC §2.2, production correction).** ``step_j = (hi_j - lo_j)·max(1/K_base, score_j/η)``, quantised
+*up* to ``(hi_j - lo_j)/K_base · 2^m`` (integer m ≥ 0, capped at ``⌊log2 K_base⌋`` so step ≤ hi - lo). Grids with
+different m nest (every point of the coarser grid is a point of the finer one). Steps are recomputed only at
+epoch boundaries (:class:`EpochSteps`).
+
+Rounded values lie in [lo, hi + step): when step does not divide hi - lo the top cell reaches past hi, and
+clipping the output back to the bounds (normalisation, SPEC §2.3) biases values in that last cell only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "volatility_score",
+    "VolatilityDetector",
+    "quantised_step",
+    "quantised_exponent",
+    "AlphaRounder",
+    "EpochSteps",
+    "EpochPlan",
+]
+
+
+def _bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
+    lo_arr = np.asarray(lo, dtype=float)
+    hi_arr = np.asarray(hi, dtype=float)
+    if not (np.all(np.isfinite(lo_arr)) and np.all(np.isfinite(hi_arr))):
+        raise ValueError("bounds lo and hi must be finite")
+    if np.any(hi_arr <= lo_arr):
+        raise ValueError("bounds need hi > lo in every dimension")
+    return lo_arr, hi_arr
+
+
+def _finite(x: Any, name: str) -> np.ndarray:
+    arr = np.asarray(x, dtype=float)
+    if arr.size and not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite; got NaN or infinity")
+    return arr
+
+
+def volatility_score(window: Any, lo: Any, hi: Any) -> np.ndarray:
+    """``Σ|v_t - v_{t-1}| / (W·(hi - lo))`` along axis 0 of ``window`` (W + 1 values → W differences).
+
+    ``window`` has shape (W+1,) or (W+1, d) (any trailing shape broadcasting with lo/hi); values are clipped to
+    [lo, hi] first, so scores lie in [0, 1]. Fewer than two values give 0.
+    """
+    lo_arr, hi_arr = _bounds(lo, hi)
+    w = _finite(window, "window")
+    if w.ndim == 0:
+        raise ValueError("window must have at least one axis (time along axis 0)")
+    if w.shape[0] < 2:
+        return np.zeros(np.broadcast_shapes(w.shape[1:], lo_arr.shape, hi_arr.shape))
+    w = np.clip(w, lo_arr, hi_arr)
+    steps = np.abs(np.diff(w, axis=0)).sum(axis=0)
+    return steps / ((w.shape[0] - 1) * (hi_arr - lo_arr))
+
+
+class VolatilityDetector:
+    """Sliding window (RAM only) of the last W + 1 values of each of d dimensions; volatile iff score > τ.
+
+    ``update(x)`` appends one record x of shape (d,) and returns the boolean mask of volatile dimensions.
+    """
+
+    def __init__(self, lo: Any, hi: Any, window: int = 16, tau: float = 0.01) -> None:
+        lo_arr, hi_arr = _bounds(lo, hi)
+        lo_arr, hi_arr = np.broadcast_arrays(np.atleast_1d(lo_arr), np.atleast_1d(hi_arr))
+        if lo_arr.ndim != 1:
+            raise ValueError("lo and hi must be scalars or 1-D arrays (one entry per dimension)")
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        tau = float(tau)
+        if not (math.isfinite(tau) and 0 <= tau < 1):
+            raise ValueError(f"tau must lie in [0, 1), got {tau}")
+        self.lo = lo_arr.astype(float)
+        self.hi = hi_arr.astype(float)
+        self.window = int(window)
+        self.tau = tau
+        self.d = self.lo.size
+        self._buffer = np.zeros((self.window + 1, self.d))
+        self._count = 0  # values seen (saturates the window at W + 1)
+        self._next = 0  # ring-buffer write position
+        self._scores = np.zeros(self.d)
+
+    def update(self, x: Any) -> np.ndarray:
+        """Add one record (shape (d,)); return ``scores > tau``."""
+        arr = _finite(x, "x").reshape(-1)
+        if arr.size != self.d:
+            raise ValueError(f"expected a record of {self.d} values, got {arr.size}")
+        self._buffer[self._next] = arr
+        self._next = (self._next + 1) % (self.window + 1)
+        self._count = min(self._count + 1, self.window + 1)
+        self._scores = volatility_score(self.values(), self.lo, self.hi)
+        return self.volatile
+
+    def values(self) -> np.ndarray:
+        """The window in time order, shape (count, d), oldest first."""
+        if self._count < self.window + 1:
+            return self._buffer[: self._count].copy()
+        return np.roll(self._buffer, -self._next, axis=0)
+
+    @property
+    def scores(self) -> np.ndarray:
+        return self._scores.copy()
+
+    @property
+    def volatile(self) -> np.ndarray:
+        return self._scores > self.tau
+
+
+def _check_k_eta(k_base: Any, eta: Any) -> tuple[int, float]:
+    if isinstance(k_base, bool) or not isinstance(k_base, (int, np.integer)) or k_base < 1:
+        raise ValueError(f"k_base must be an integer >= 1, got {k_base!r}")
+    eta = float(eta)
+    if not (math.isfinite(eta) and eta > 0):
+        raise ValueError(f"eta must be a finite number > 0, got {eta}")
+    return int(k_base), eta
+
+
+def quantised_exponent(score: Any, k_base: int = 100, eta: float = 0.1) -> np.ndarray:
+    """m ≥ 0 with step = (hi-lo)/K_base·2^m: ``m = ⌈log2 max(1, score·K_base/η)⌉``, capped at ⌊log2 K_base⌋."""
+    k_base, eta = _check_k_eta(k_base, eta)
+    s = _finite(score, "score")
+    if s.size and s.min() < 0:
+        raise ValueError("volatility scores must be >= 0")
+    ratio = np.maximum(1.0, s * k_base / eta)
+    # the tiny slack keeps exact powers of two (ratio = 2^m) from rounding up to m + 1
+    m = np.ceil(np.log2(ratio) - 1e-12).astype(np.int64)
+    return np.clip(m, 0, int(math.floor(math.log2(k_base))))
+
+
+def quantised_step(lo: Any, hi: Any, score: Any, k_base: int = 100, eta: float = 0.1) -> np.ndarray:
+    """``(hi-lo)·max(1/K_base, score/η)`` rounded up to ``(hi-lo)/K_base·2^m`` (m ≥ 0, step ≤ hi - lo)."""
+    lo_arr, hi_arr = _bounds(lo, hi)
+    m = quantised_exponent(score, k_base, eta)
+    return (hi_arr - lo_arr) / k_base * np.exp2(m)
+
+
+class AlphaRounder:
+    """α-point rounding with per-dimension offsets u_j ~ U[0,1) drawn once for life (see module docstring).
+
+    Construct with :meth:`draw` on a device (from ``protocols.base.os_rng()``) and persist :meth:`to_state`.
+    """
+
+    def __init__(self, lo: Any, hi: Any, u: Any) -> None:
+        lo_arr, hi_arr = _bounds(lo, hi)
+        u_arr = _finite(u, "u").reshape(-1)
+        lo_arr, hi_arr, u_arr = np.broadcast_arrays(np.atleast_1d(lo_arr), np.atleast_1d(hi_arr), u_arr)
+        if lo_arr.ndim != 1:
+            raise ValueError("lo, hi and u must be 1-D (one entry per dimension)")
+        if u_arr.size and (u_arr.min() < 0 or u_arr.max() >= 1):
+            raise ValueError("offsets u must lie in [0, 1)")
+        self.lo = lo_arr.astype(float).copy()
+        self.hi = hi_arr.astype(float).copy()
+        self.u = u_arr.astype(float).copy()
+        self.d = self.u.size
+
+    @classmethod
+    def draw(cls, lo: Any, hi: Any, rng: np.random.Generator) -> AlphaRounder:
+        """Draw fresh offsets u_j ~ U[0, 1), one per dimension."""
+        lo_arr, hi_arr = np.broadcast_arrays(*_bounds(lo, hi))
+        return cls(lo_arr, hi_arr, rng.random(np.atleast_1d(lo_arr).size))
+
+    def _prepare(self, x: Any, steps: Any) -> tuple[np.ndarray, np.ndarray]:
+        arr = _finite(x, "x")
+        if arr.shape[-1:] != (self.d,):
+            raise ValueError(f"x must have trailing dimension {self.d}, got shape {arr.shape}")
+        st = np.broadcast_to(_finite(steps, "steps"), (self.d,))
+        if np.any(st <= 0):
+            raise ValueError("steps must be > 0")
+        return np.clip(arr, self.lo, self.hi), st
+
+    def grid_index(self, x: Any, steps: Any) -> np.ndarray:
+        """Integer index i of the rounded value lo + i·step: ``⌊(x - lo)/step + u⌋`` (x clipped to [lo, hi]).
+
+        Identical to "L if x + α < R else R" with α = u·step. x has shape (..., d); steps shape (d,) or scalar.
+        """
+        arr, st = self._prepare(x, steps)
+        t = (arr - self.lo) / st
+        below = np.floor(t)
+        # output R iff x + α ≥ R, i.e. (t - ⌊t⌋) + u ≥ 1
+        return (below + ((t - below) + self.u >= 1.0)).astype(np.int64)
+
+    def round(self, x: Any, steps: Any) -> np.ndarray:
+        """Rounded values lo + grid_index·step (unbiased over u; MSE (R - x)(x - L))."""
+        st = np.broadcast_to(_finite(steps, "steps"), (self.d,))
+        return self.lo + self.grid_index(x, steps) * st
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain-data state (lists of floats) for the agent to persist."""
+        return {"lo": self.lo.tolist(), "hi": self.hi.tolist(), "u": self.u.tolist()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> AlphaRounder:
+        try:
+            return cls(state["lo"], state["hi"], state["u"])
+        except KeyError as exc:
+            raise ValueError(f"AlphaRounder state is missing {exc}") from None
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Rounding parameters frozen for one epoch: the grid steps and which dimensions are rounded."""
+
+    epoch: int
+    steps: np.ndarray
+    exponents: np.ndarray
+    volatile: np.ndarray
+
+
+class EpochSteps:
+    """Rounding steps (and the volatile mask) recomputed only at epoch boundaries (SPEC §2.2 correction).
+
+    Epoch e covers rounds ``[e·epoch_length, (e+1)·epoch_length)``. :meth:`plan` returns the current epoch's
+    :class:`EpochPlan`, recomputing it from the given scores when the round falls in a new epoch (also after a
+    skipped epoch or a restart from persisted state). Within an epoch the steps and the mask stay fixed, so memo
+    keys stay stable.
+    """
+
+    def __init__(
+        self,
+        lo: Any,
+        hi: Any,
+        epoch_length: int = 24,
+        k_base: int = 100,
+        eta: float = 0.1,
+        tau: float = 0.01,
+    ) -> None:
+        lo_arr, hi_arr = _bounds(lo, hi)
+        lo_arr, hi_arr = np.broadcast_arrays(np.atleast_1d(lo_arr), np.atleast_1d(hi_arr))
+        if isinstance(epoch_length, bool) or not isinstance(epoch_length, (int, np.integer)) or epoch_length < 1:
+            raise ValueError(f"epoch_length must be an integer >= 1, got {epoch_length!r}")
+        self.k_base, self.eta = _check_k_eta(k_base, eta)
+        tau = float(tau)
+        if not (math.isfinite(tau) and 0 <= tau < 1):
+            raise ValueError(f"tau must lie in [0, 1), got {tau}")
+        self.lo = lo_arr.astype(float).copy()
+        self.hi = hi_arr.astype(float).copy()
+        self.epoch_length = int(epoch_length)
+        self.tau = tau
+        self._plan: EpochPlan | None = None
+
+    def epoch_of(self, round_index: int) -> int:
+        if isinstance(round_index, bool) or not isinstance(round_index, (int, np.integer)) or round_index < 0:
+            raise ValueError(f"round_index must be an integer >= 0, got {round_index!r}")
+        return int(round_index) // self.epoch_length
+
+    def plan(self, round_index: int, scores: Any) -> EpochPlan:
+        """The plan for ``round_index``; recomputed from ``scores`` (shape (d,)) only when a new epoch starts."""
+        epoch = self.epoch_of(round_index)
+        if self._plan is not None and epoch == self._plan.epoch:
+            return self._plan
+        if self._plan is not None and epoch < self._plan.epoch:
+            raise ValueError(f"round {round_index} is in epoch {epoch}, before the current epoch {self._plan.epoch}")
+        s = _finite(scores, "scores").reshape(-1)
+        if s.size != self.lo.size:
+            raise ValueError(f"expected {self.lo.size} scores, got {s.size}")
+        exponents = quantised_exponent(s, self.k_base, self.eta)
+        steps = (self.hi - self.lo) / self.k_base * np.exp2(exponents)
+        self._plan = EpochPlan(epoch, steps, exponents, s > self.tau)
+        return self._plan
+
+    @property
+    def current(self) -> EpochPlan | None:
+        return self._plan
+
+    def to_state(self) -> dict[str, Any]:
+        plan = self._plan
+        return {
+            "lo": self.lo.tolist(),
+            "hi": self.hi.tolist(),
+            "epoch_length": self.epoch_length,
+            "k_base": self.k_base,
+            "eta": self.eta,
+            "tau": self.tau,
+            "plan": None
+            if plan is None
+            else {
+                "epoch": plan.epoch,
+                "exponents": plan.exponents.tolist(),
+                "volatile": plan.volatile.tolist(),
+            },
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> EpochSteps:
+        try:
+            obj = cls(
+                state["lo"], state["hi"], int(state["epoch_length"]), int(state["k_base"]), state["eta"], state["tau"]
+            )
+            raw = state.get("plan")
+            if raw is not None:
+                exponents = np.asarray(raw["exponents"], dtype=np.int64)
+                volatile = np.asarray(raw["volatile"], dtype=bool)
+                if exponents.shape != obj.lo.shape or volatile.shape != obj.lo.shape:
+                    raise ValueError("EpochSteps state: plan has the wrong number of dimensions")
+                steps = (obj.hi - obj.lo) / obj.k_base * np.exp2(exponents)
+                obj._plan = EpochPlan(int(raw["epoch"]), steps, exponents, volatile)
+        except KeyError as exc:
+            raise ValueError(f"EpochSteps state is missing {exc}") from None
+        return obj
