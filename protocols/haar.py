@@ -245,7 +245,7 @@ class HaarHRR(Mechanism):
         h = rng.integers(0, L, size=n)
         node = v >> (L - h)
         sign = 1 - 2 * ((v >> (L - h - 1)) & 1)
-        j = (rng.random(n) * (np.int64(1) << h)).astype(np.int64)  # uniform on [0, 2^h)
+        j = rng.integers(0, np.int64(1) << h)  # uniform on [0, 2^h), one draw per user
         b = _hadamard_entries(j, node).astype(np.int64) * sign
         keep = rng.random(n) < self.p
         y = np.where(keep, b, -b)
