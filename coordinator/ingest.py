@@ -1,0 +1,233 @@
+"""MQTT ingest: subscribe to device reports, validate, commit durably in batches, and only then acknowledge.
+
+paho-mqtt ≥ 2.1 (``CallbackAPIVersion.VERSION2``), MQTT v5, QoS 1, a persistent session (``clean_start=False``
+and a long session-expiry interval, so the broker queues reports while the coordinator is down) and
+``manual_ack=True``: the network thread only enqueues messages; a worker thread validates them
+(:class:`coordinator.validate.Validator`), commits each batch in one transaction
+(:meth:`coordinator.store.Store.commit_batch`) and then sends the PUBACKs of the whole batch — accepted,
+duplicate and rejected alike. A crash before the commit loses nothing (the broker redelivers the unacknowledged
+messages); a crash between commit and PUBACK makes the redelivered copies ``duplicate`` (acknowledged, not
+stored again). Several workers can split a fleet with an MQTT v5 shared subscription ``$share/<group>/...``
+(use a shared store, e.g. PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.properties import Properties
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from coordinator.metrics import Metrics
+from coordinator.store import Store, StoredReport
+from coordinator.validate import DUPLICATE, Validator
+from protocols import wire
+
+__all__ = ["IngestSettings", "IngestWorker", "subscription_topic"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds the broker keeps the session (subscription + queued QoS 1 reports) after a disconnect.
+SESSION_EXPIRY = 7 * 24 * 3600
+
+
+def subscription_topic(shared_group: str | None = None) -> str:
+    """``haarvest/v1/reports/+``, or ``$share/<group>/haarvest/v1/reports/+`` for a shared subscription."""
+    if shared_group is None:
+        return wire.REPORTS_WILDCARD
+    if not shared_group or any(c in shared_group for c in "/+#"):
+        raise ValueError(f"bad shared-subscription group {shared_group!r}")
+    return f"$share/{shared_group}/{wire.REPORTS_WILDCARD}"
+
+
+@dataclass
+class IngestSettings:
+    host: str = "127.0.0.1"
+    port: int = 1883
+    client_id: str = "haarvest-coordinator"
+    shared_group: str | None = None
+    batch_size: int = 1000
+    batch_ms: float = 20.0
+    keepalive: int = 30
+    receive_maximum: int = 10000
+    username: str | None = None
+    password: str | None = None
+    tls_ca: str | None = None
+
+
+@dataclass
+class _Msg:
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+    generation: int
+
+
+class IngestWorker:
+    """One MQTT ingest worker (network thread from paho, one validate-and-commit thread)."""
+
+    def __init__(self, settings: IngestSettings, store: Store, validator: Validator, metrics: Metrics | None = None) -> None:
+        if settings.batch_size < 1 or settings.batch_ms <= 0:
+            raise ValueError("batch_size must be >= 1 and batch_ms > 0")
+        self.settings = settings
+        self.store = store
+        self.validator = validator
+        self.metrics = metrics or Metrics()
+        self.topic = subscription_topic(settings.shared_group)
+        self._queue: queue.Queue[_Msg] = queue.Queue()
+        self._generation = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._subscribed = threading.Event()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=mqtt.MQTTv5, manual_ack=True
+        )
+        self.client.max_queued_messages_set(0)
+        if settings.username:
+            self.client.username_pw_set(settings.username, settings.password)
+        if settings.tls_ca:
+            self.client.tls_set(ca_certs=settings.tls_ca)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
+        self.client.reconnect_delay_set(0.1, 5)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, wait: float = 10.0) -> None:
+        """Connect (persistent session), subscribe, start the worker thread; wait until subscribed."""
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = SESSION_EXPIRY
+        props.ReceiveMaximum = self.settings.receive_maximum
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="haarvest-ingest", daemon=True)
+        self._thread.start()
+        self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive,
+                                  clean_start=False, properties=props)
+        self.client.loop_start()
+        if wait and not self._subscribed.wait(wait):
+            raise TimeoutError(f"could not subscribe on {self.settings.host}:{self.settings.port} in {wait}s")
+
+    def stop(self, drain: bool = True) -> None:
+        """Stop: with ``drain``, commit and acknowledge what was received first; then disconnect."""
+        self._stop.set()
+        if self._thread is not None:
+            if not drain:
+                self._generation += 1  # nothing in flight gets acknowledged: the broker redelivers it
+            self._thread.join(30)
+            self._thread = None
+        self.client.disconnect()
+        self.client.loop_stop()
+        self.metrics.connected = False
+
+    def abort(self) -> None:
+        """Drop the connection without acknowledging anything in flight (tests: simulate a crash)."""
+        self._generation += 1
+        self._stop.set()
+        try:
+            sock = self.client.socket()
+            if sock is not None:
+                sock.close()
+        finally:
+            self.client.loop_stop()
+            if self._thread is not None:
+                self._thread.join(30)
+                self._thread = None
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False, qos: int = 1, timeout: float = 10.0) -> None:
+        info = self.client.publish(topic, payload, qos=qos, retain=retain)
+        info.wait_for_publish(timeout)
+
+    # ------------------------------------------------------------------ paho callbacks (network thread)
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
+        if reason_code.is_failure:
+            log.warning("MQTT connect refused: %s", reason_code)
+            return
+        self._generation += 1
+        self.metrics.connected = True
+        client.subscribe(self.topic, options=SubscribeOptions(qos=1))
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
+        if all(not rc.is_failure for rc in reason_codes):
+            self._subscribed.set()
+        else:
+            log.error("subscription to %s refused: %s", self.topic, reason_codes)
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
+        self.metrics.connected = False
+
+    def _on_message(self, client, userdata, msg) -> None:  # noqa: ANN001
+        try:
+            topic = msg.topic
+        except UnicodeDecodeError:
+            topic = ""
+        self._queue.put(_Msg(topic, msg.payload, msg.mid, msg.qos, self._generation))
+
+    # ------------------------------------------------------------------ worker thread
+    def _run(self) -> None:
+        while True:
+            batch = self._collect()
+            if batch:
+                self._process(batch)
+            elif self._stop.is_set():
+                return
+
+    def _collect(self) -> list[_Msg]:
+        batch: list[_Msg] = []
+        deadline: float | None = None
+        while len(batch) < self.settings.batch_size:
+            timeout = 0.05 if deadline is None else deadline - time.monotonic()
+            if timeout <= 0:
+                break
+            try:
+                batch.append(self._queue.get(timeout=timeout))
+            except queue.Empty:
+                if deadline is None:
+                    break
+                continue
+            if deadline is None:
+                deadline = time.monotonic() + self.settings.batch_ms / 1000.0
+        return batch
+
+    def _process(self, batch: list[_Msg]) -> None:
+        t0 = time.perf_counter()
+        accepted: list[StoredReport] = []
+        rejected: Counter[str] = Counter()
+        duplicates = 0
+        for msg in batch:
+            try:
+                accepted.append(self.validator.check(msg.topic, msg.payload))
+            except wire.WireError as exc:
+                if exc.reason == DUPLICATE:
+                    duplicates += 1
+                else:
+                    rejected[exc.reason] += 1
+            except Exception:  # noqa: BLE001 - a bug must not stop ingest; count it and go on
+                log.exception("unexpected error validating a report")
+                rejected["internal_error"] += 1
+        counters = dict(rejected)
+        if duplicates:
+            counters[DUPLICATE] = duplicates
+        try:
+            inserted = self.store.commit_batch(accepted, counters)
+        except Exception:  # noqa: BLE001
+            log.exception("commit failed; nothing of this batch is acknowledged (the broker redelivers)")
+            self.validator.reload()
+            time.sleep(0.5)
+            return
+        self.validator.batch_committed()
+        generation = self._generation
+        for msg in batch:
+            if msg.qos > 0 and msg.generation == generation:
+                self.client.ack(msg.mid, msg.qos)
+        self.metrics.record_batch(len(batch), inserted, duplicates + (len(accepted) - inserted), rejected,
+                                  time.perf_counter() - t0)

@@ -1,0 +1,202 @@
+"""The embeddable coordinator: store + validator + MQTT ingest + rounds + HTTP API behind start()/stop().
+
+Example (in-process, e.g. a demo or a test)::
+
+    coord = Coordinator(CoordinatorConfig(db="run/coord.db", mqtt_port=1883, http_port=8080, key_file="run/coord.key"))
+    coord.start()
+    coord.enroll("dev-1", public_key_b64)
+    coord.open_round("r1", epsilon=1.0, params={"streams": {...}})
+    ...
+    print(coord.estimate("r1"))
+    coord.stop()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from coordinator.estimate import StreamEstimate, VarianceBasis, estimate_round
+from coordinator.ingest import IngestSettings, IngestWorker
+from coordinator.metrics import Metrics
+from coordinator.rounds import RoundManager
+from coordinator.schemas import RoundParams
+from coordinator.store import Store, open_store
+from coordinator.validate import Validator
+from protocols import wire
+
+__all__ = ["CoordinatorConfig", "Coordinator", "load_or_create_key", "read_device_records"]
+
+
+@dataclass
+class CoordinatorConfig:
+    db: str = "haarvest-coordinator.db"
+    key_file: str | None = None
+    mqtt: bool = True
+    mqtt_host: str = "127.0.0.1"
+    mqtt_port: int = 1883
+    client_id: str = "haarvest-coordinator"
+    shared_group: str | None = None
+    batch_size: int = 1000
+    batch_ms: float = 20.0
+    replay_window: int = 0
+    http_host: str = "127.0.0.1"
+    http_port: int | None = None
+    devices_file: str | None = None
+    mqtt_username: str | None = None
+    mqtt_password: str | None = None
+    mqtt_tls_ca: str | None = None
+
+
+def load_or_create_key(path: str | Path | None) -> Ed25519PrivateKey:
+    """The coordinator's Ed25519 key from ``path`` (base64 raw); created there (mode 0600) if missing.
+
+    ``None`` gives an ephemeral key (tests)."""
+    if path is None:
+        return wire.generate_signing_key()
+    p = Path(path)
+    if p.exists():
+        return wire.load_private_key(p.read_text())
+    key = wire.generate_signing_key()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(wire.private_key_b64(key) + "\n")
+    return key
+
+
+def read_device_records(source: str | Path | Any) -> list[tuple[str, str]]:
+    """(device_id, public_key) pairs from JSON: one ``{"device_id", "public_key"}`` object (what
+    ``haarvest agent enroll`` prints), a list of them, or ``{"devices": [...]}``. ``source``: path or parsed JSON."""
+    data = json.loads(Path(source).read_text()) if isinstance(source, (str, Path)) else source
+    if isinstance(data, dict) and "devices" in data:
+        data = data["devices"]
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise ValueError("device JSON must be an object, a list of objects or {'devices': [...]}")
+    out = []
+    for item in data:
+        if not isinstance(item, dict) or "device_id" not in item or "public_key" not in item:
+            raise ValueError(f"device record needs device_id and public_key: {item!r}")
+        out.append((str(item["device_id"]), str(item["public_key"])))
+    return out
+
+
+class Coordinator:
+    """Everything the coordinator runs, embeddable in one process (start/stop, or a context manager)."""
+
+    def __init__(self, config: CoordinatorConfig | None = None, *, store: Store | None = None,
+                 key: Ed25519PrivateKey | None = None) -> None:
+        self.config = config or CoordinatorConfig()
+        self.store = store or open_store(self.config.db)
+        self.key = key or load_or_create_key(self.config.key_file)
+        self.metrics = Metrics()
+        if self.config.devices_file:
+            self.import_devices(self.config.devices_file)
+        self.validator = Validator(self.store, replay_window=self.config.replay_window)
+        self.ingest: IngestWorker | None = None
+        if self.config.mqtt:
+            self.ingest = IngestWorker(
+                IngestSettings(host=self.config.mqtt_host, port=self.config.mqtt_port, client_id=self.config.client_id,
+                               shared_group=self.config.shared_group, batch_size=self.config.batch_size,
+                               batch_ms=self.config.batch_ms, username=self.config.mqtt_username,
+                               password=self.config.mqtt_password, tls_ca=self.config.mqtt_tls_ca),
+                self.store, self.validator, self.metrics)
+        self.rounds = RoundManager(self.store, self.key, publish=self._publish if self.ingest else None,
+                                   on_change=self.validator.set_round)
+        self.api: Any = None
+        self._running = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "Coordinator":
+        if self._running:
+            return self
+        if self.ingest is not None:
+            self.ingest.start()
+            self.rounds.republish()
+        if self.config.http_port is not None:
+            from coordinator.api import ApiServer
+
+            self.api = ApiServer(self, self.config.http_host, self.config.http_port)
+            self.api.start()
+        self._running = True
+        return self
+
+    def stop(self) -> None:
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
+        if self.ingest is not None and self._running:
+            self.ingest.stop()
+        self._running = False
+
+    def close(self) -> None:
+        self.stop()
+        self.store.close()
+
+    def __enter__(self) -> "Coordinator":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def http_url(self) -> str | None:
+        return None if self.api is None else self.api.url
+
+    @property
+    def public_key(self) -> str:
+        """The coordinator's round-signing public key (base64), for provisioning devices."""
+        return wire.public_key_b64(self.key)
+
+    def _publish(self, topic: str, payload: bytes, retain: bool) -> None:
+        assert self.ingest is not None
+        self.ingest.publish(topic, payload, retain=retain)
+
+    # ------------------------------------------------------------------ devices
+    def enroll(self, device_id: str, public_key: str, status: str = "active") -> None:
+        """Register (or re-key) a device; ValueError for a bad id or key."""
+        import re
+
+        if not re.match(wire.IDENT, device_id):
+            raise ValueError(f"device id {device_id!r} is not a valid identifier")
+        wire.load_public_key(public_key)
+        self.store.upsert_device(device_id, public_key, status)
+        if hasattr(self, "validator"):
+            self.validator.refresh_devices()
+
+    def import_devices(self, source: str | Path | Any) -> int:
+        records = read_device_records(source)
+        for device_id, pub in records:
+            self.enroll(device_id, pub)
+        return len(records)
+
+    def revoke(self, device_id: str) -> None:
+        devices = self.store.devices()
+        if device_id not in devices:
+            raise ValueError(f"unknown device {device_id!r}")
+        self.enroll(device_id, devices[device_id][0], "revoked")
+
+    # ------------------------------------------------------------------ rounds and estimates
+    def open_round(self, round_id: str, epsilon: float, params: RoundParams | dict[str, Any], **kw: Any) -> wire.RoundConfig:
+        return self.rounds.open_round(round_id, epsilon, params, **kw)
+
+    def close_round(self, round_id: str) -> None:
+        self.rounds.close_round(round_id)
+
+    def estimate(self, round_id: str, level: float = 0.95, variance: VarianceBasis = "plugin",
+                 consistency: bool = True) -> dict[str, StreamEstimate]:
+        return estimate_round(self.store, round_id, level, variance, consistency)
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        snap = self.metrics.snapshot()
+        snap["store"] = self.store.counters()
+        snap["stored_reports"] = sum(self.store.report_counts().values())
+        snap.update(self.validator.known())
+        return snap

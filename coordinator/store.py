@@ -1,0 +1,309 @@
+"""Durable storage for the coordinator: devices, rounds, reports, replay high-water marks and counters.
+
+One small interface (:class:`Store`) with two SQL backends sharing the schema and queries:
+
+* :class:`SQLiteStore` — the default; WAL journal with ``synchronous=FULL`` so a committed batch survives a
+  crash or power loss;
+* :class:`PostgresStore` — for several ingest workers sharing one database (``psycopg``, optional extra).
+
+Ingest commits a *batch* of accepted reports together with the replay high-water marks and the rejection
+counters in one transaction (:meth:`Store.commit_batch`); ``UNIQUE(device_id, seq)`` and
+``UNIQUE(device_id, round_id, stream)`` make a redelivered or raced report a no-op, never a second row.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["StoredReport", "Store", "SQLiteStore", "PostgresStore", "open_store"]
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS devices (
+        device_id TEXT PRIMARY KEY, public_key TEXT NOT NULL, status TEXT NOT NULL,
+        enrolled_at DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS rounds (
+        round_id TEXT PRIMARY KEY, config TEXT NOT NULL, status TEXT NOT NULL,
+        opened_at DOUBLE PRECISION NOT NULL, closed_at DOUBLE PRECISION)""",
+    """CREATE TABLE IF NOT EXISTS reports (
+        device_id TEXT NOT NULL, seq BIGINT NOT NULL, boot BIGINT NOT NULL, round_id TEXT NOT NULL,
+        stream TEXT NOT NULL, mechanism TEXT NOT NULL, body TEXT NOT NULL, sig TEXT NOT NULL,
+        received_at DOUBLE PRECISION NOT NULL, UNIQUE (device_id, seq), UNIQUE (device_id, round_id, stream))""",
+    "CREATE INDEX IF NOT EXISTS reports_by_round ON reports (round_id, stream)",
+    "CREATE TABLE IF NOT EXISTS high_water (device_id TEXT PRIMARY KEY, seq BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+]
+
+ROUND_STATUSES = ("open", "closed")
+DEVICE_STATUSES = ("active", "revoked")
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    """One accepted report as stored (``body`` is canonical JSON text of ``Report.body``)."""
+
+    device_id: str
+    seq: int
+    boot: int
+    round_id: str
+    stream: str
+    mechanism: str
+    body: str
+    sig: str
+    received_at: float
+
+    def as_tuple(self) -> tuple:
+        return (self.device_id, self.seq, self.boot, self.round_id, self.stream, self.mechanism, self.body,
+                self.sig, self.received_at)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(zip(_REPORT_COLUMNS, self.as_tuple()))
+        out["body"] = json.loads(self.body)
+        return out
+
+
+_REPORT_COLUMNS = ("device_id", "seq", "boot", "round_id", "stream", "mechanism", "body", "sig", "received_at")
+
+
+class Store(ABC):
+    """What the coordinator needs from durable storage. Every method is thread-safe."""
+
+    # devices
+    @abstractmethod
+    def upsert_device(self, device_id: str, public_key: str, status: str = "active") -> None: ...
+    @abstractmethod
+    def devices(self) -> dict[str, tuple[str, str]]:
+        """device_id → (public key b64, status)."""
+
+    # rounds
+    @abstractmethod
+    def put_round(self, round_id: str, config_json: str, status: str = "open") -> None: ...
+    @abstractmethod
+    def set_round_status(self, round_id: str, status: str) -> None: ...
+    @abstractmethod
+    def rounds(self) -> list[dict[str, Any]]:
+        """All rounds in opening order: dicts with round_id, config (JSON text), status, opened_at, closed_at."""
+
+    # reports
+    @abstractmethod
+    def commit_batch(self, reports: list[StoredReport], counters: dict[str, int]) -> int:
+        """Atomically insert ``reports`` (ignoring ones already stored), raise the high-water marks and add
+        ``counters`` (plus ``accepted`` += rows inserted). Returns the number of rows inserted."""
+
+    @abstractmethod
+    def stored_sig(self, device_id: str, seq: int) -> str | None:
+        """The signature of the stored report (device_id, seq), or None."""
+
+    @abstractmethod
+    def high_water_marks(self) -> dict[str, int]: ...
+    @abstractmethod
+    def reported_keys(self, round_ids: Iterable[str]) -> set[tuple[str, str, str]]:
+        """(device_id, round_id, stream) of every stored report in ``round_ids``."""
+
+    @abstractmethod
+    def report_bodies(self, round_id: str, stream: str) -> list[str]: ...
+    @abstractmethod
+    def report_counts(self) -> dict[tuple[str, str], int]:
+        """(round_id, stream) → number of stored reports."""
+
+    @abstractmethod
+    def iter_reports(self, round_id: str | None = None) -> Iterator[StoredReport]: ...
+    @abstractmethod
+    def counters(self) -> dict[str, int]: ...
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class _SQLStore(Store):
+    """Shared SQL; subclasses set the placeholder and connection."""
+
+    ph = "?"
+    _greatest = "max"
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._lock = threading.RLock()
+        with self._lock:
+            cur = self._conn.cursor()
+            for stmt in SCHEMA:
+                cur.execute(stmt)
+            self._conn.commit()
+
+    def _q(self, sql: str) -> str:
+        return sql.replace("?", self.ph)
+
+    def _exec(self, sql: str, args: tuple = (), commit: bool = False) -> list[tuple]:
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute(self._q(sql), args)
+            rows = cur.fetchall() if cur.description else []
+            if commit:
+                self._conn.commit()
+            else:
+                self._end_read()
+            return rows
+
+    def _end_read(self) -> None:
+        """Finish the implicit read transaction (PostgreSQL would otherwise hold a snapshot)."""
+
+    def upsert_device(self, device_id: str, public_key: str, status: str = "active") -> None:
+        if status not in DEVICE_STATUSES:
+            raise ValueError(f"device status must be one of {DEVICE_STATUSES}")
+        self._exec(
+            "INSERT INTO devices (device_id, public_key, status, enrolled_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (device_id) DO UPDATE SET public_key = excluded.public_key, status = excluded.status",
+            (device_id, public_key, status, time.time()),
+            commit=True,
+        )
+
+    def devices(self) -> dict[str, tuple[str, str]]:
+        return {r[0]: (r[1], r[2]) for r in self._exec("SELECT device_id, public_key, status FROM devices")}
+
+    def put_round(self, round_id: str, config_json: str, status: str = "open") -> None:
+        if status not in ROUND_STATUSES:
+            raise ValueError(f"round status must be one of {ROUND_STATUSES}")
+        if self._exec("SELECT 1 FROM rounds WHERE round_id = ?", (round_id,)):
+            raise ValueError(f"round {round_id!r} already exists")
+        self._exec(
+            "INSERT INTO rounds (round_id, config, status, opened_at) VALUES (?, ?, ?, ?)",
+            (round_id, config_json, status, time.time()),
+            commit=True,
+        )
+
+    def set_round_status(self, round_id: str, status: str) -> None:
+        if status not in ROUND_STATUSES:
+            raise ValueError(f"round status must be one of {ROUND_STATUSES}")
+        if not self._exec("SELECT 1 FROM rounds WHERE round_id = ?", (round_id,)):
+            raise ValueError(f"unknown round {round_id!r}")
+        closed = time.time() if status == "closed" else None
+        self._exec("UPDATE rounds SET status = ?, closed_at = ? WHERE round_id = ?", (status, closed, round_id),
+                   commit=True)
+
+    def rounds(self) -> list[dict[str, Any]]:
+        rows = self._exec("SELECT round_id, config, status, opened_at, closed_at FROM rounds ORDER BY opened_at, round_id")
+        return [dict(zip(("round_id", "config", "status", "opened_at", "closed_at"), r)) for r in rows]
+
+    def commit_batch(self, reports: list[StoredReport], counters: dict[str, int]) -> int:
+        hwm: dict[str, int] = {}
+        for r in reports:
+            if r.seq > hwm.get(r.device_id, -1):
+                hwm[r.device_id] = r.seq
+        with self._lock:
+            cur = self._conn.cursor()
+            try:
+                inserted = 0
+                if reports:
+                    cur.executemany(
+                        self._q(f"INSERT INTO reports ({', '.join(_REPORT_COLUMNS)}) VALUES "
+                                f"({', '.join('?' * len(_REPORT_COLUMNS))}) ON CONFLICT DO NOTHING"),
+                        [r.as_tuple() for r in reports],
+                    )
+                    inserted = max(cur.rowcount, 0)
+                    cur.executemany(
+                        self._q("INSERT INTO high_water (device_id, seq) VALUES (?, ?) ON CONFLICT (device_id) "
+                                f"DO UPDATE SET seq = {self._greatest}(high_water.seq, excluded.seq)"),
+                        list(hwm.items()),
+                    )
+                adds = {k: v for k, v in counters.items() if v}
+                if inserted:
+                    adds["accepted"] = adds.get("accepted", 0) + inserted
+                if adds:
+                    cur.executemany(
+                        self._q("INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name) "
+                                "DO UPDATE SET value = counters.value + excluded.value"),
+                        sorted(adds.items()),
+                    )
+                self._conn.commit()
+            except BaseException:
+                self._conn.rollback()
+                raise
+            return inserted
+
+    def stored_sig(self, device_id: str, seq: int) -> str | None:
+        rows = self._exec("SELECT sig FROM reports WHERE device_id = ? AND seq = ?", (device_id, seq))
+        return rows[0][0] if rows else None
+
+    def high_water_marks(self) -> dict[str, int]:
+        return {d: int(s) for d, s in self._exec("SELECT device_id, seq FROM high_water")}
+
+    def reported_keys(self, round_ids: Iterable[str]) -> set[tuple[str, str, str]]:
+        out: set[tuple[str, str, str]] = set()
+        for rid in round_ids:
+            rows = self._exec("SELECT device_id, round_id, stream FROM reports WHERE round_id = ?", (rid,))
+            out.update((a, b, c) for a, b, c in rows)
+        return out
+
+    def report_bodies(self, round_id: str, stream: str) -> list[str]:
+        rows = self._exec("SELECT body FROM reports WHERE round_id = ? AND stream = ? ORDER BY device_id",
+                          (round_id, stream))
+        return [r[0] for r in rows]
+
+    def report_counts(self) -> dict[tuple[str, str], int]:
+        rows = self._exec("SELECT round_id, stream, COUNT(*) FROM reports GROUP BY round_id, stream")
+        return {(a, b): int(c) for a, b, c in rows}
+
+    def iter_reports(self, round_id: str | None = None) -> Iterator[StoredReport]:
+        sql = f"SELECT {', '.join(_REPORT_COLUMNS)} FROM reports"
+        args: tuple = ()
+        if round_id is not None:
+            sql += " WHERE round_id = ?"
+            args = (round_id,)
+        sql += " ORDER BY round_id, stream, device_id"
+        for row in self._exec(sql, args):
+            yield StoredReport(*row)
+
+    def counters(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self._exec("SELECT name, value FROM counters")}
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class SQLiteStore(_SQLStore):
+    """SQLite in WAL mode with ``synchronous=FULL`` (a commit is on disk before it returns)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0, isolation_level="DEFERRED")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        super().__init__(conn)
+
+
+class PostgresStore(_SQLStore):
+    """PostgreSQL backend (``psycopg`` 3) for several ingest workers sharing one database."""
+
+    ph = "%s"
+    _greatest = "GREATEST"
+
+    def __init__(self, dsn: str) -> None:
+        try:
+            import psycopg
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ValueError("the PostgreSQL store needs psycopg (pip install 'haarvest[postgres]')") from exc
+        self.dsn = dsn
+        super().__init__(psycopg.connect(dsn))
+
+    def _end_read(self) -> None:
+        self._conn.commit()
+
+
+def open_store(url: str | Path) -> Store:
+    """``postgresql://...`` → :class:`PostgresStore`; ``sqlite:///path``, a path or ``:memory:`` → :class:`SQLiteStore`."""
+    text = str(url)
+    if text.startswith(("postgresql://", "postgres://")):
+        return PostgresStore(text)
+    if text.startswith("sqlite:///"):
+        text = text[len("sqlite:///"):]
+    return SQLiteStore(text)

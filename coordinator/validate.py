@@ -1,0 +1,211 @@
+"""The ingest validation pipeline: one message in, a verified report (or a WireError with a reason code) out.
+
+Order of the checks (cheapest and least trusting first)::
+
+    size → decode (pydantic) → topic/device binding → enrolled → signature → round exists and is open →
+    stream and mechanism match the round → body shape → replay / duplicate / second report for the stream
+
+Reason codes (``WireError.reason``): ``too_large``, ``malformed``, ``schema`` (from :mod:`protocols.wire`),
+``wrong_topic``, ``device_mismatch``, ``unknown_device``, ``revoked_device``, ``unsigned``, ``bad_signature``,
+``unknown_round``, ``round_closed``, ``wrong_stream``, ``wrong_mechanism``, ``bad_body``, ``replay``
+(a sequence number at or below the device's high-water mark that is not a copy of a stored report),
+``already_reported`` (the device already has a report for this round and stream) and ``duplicate`` (an exact
+copy of a stored or pending report: QoS 1 redelivery — acknowledged, never stored or counted twice).
+
+:meth:`Validator.check` *reserves* what it accepts (raises the in-memory high-water mark, remembers the
+pending (device, seq)), so messages of one batch are checked against each other; after the batch is durably
+committed the ingest calls :meth:`Validator.batch_committed`, after a failed commit :meth:`Validator.reload`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from coordinator.schemas import RoundParams, body_row, parse_round_params
+from coordinator.store import Store, StoredReport
+from protocols import wire
+
+__all__ = ["Validator", "REASONS", "DUPLICATE"]
+
+DUPLICATE = "duplicate"
+REASONS = (
+    "too_large", "malformed", "schema", "wrong_topic", "device_mismatch", "unknown_device", "revoked_device",
+    "unsigned", "bad_signature", "unknown_round", "round_closed", "wrong_stream", "wrong_mechanism", "bad_body",
+    "replay", "already_reported", DUPLICATE,
+)
+
+
+class _Round:
+    __slots__ = ("config", "params", "status")
+
+    def __init__(self, config: wire.RoundConfig, params: RoundParams, status: str) -> None:
+        self.config, self.params, self.status = config, params, status
+
+
+class Validator:
+    """Validates report messages against the device registry, the rounds and the replay state of a store.
+
+    Args:
+        store: where devices, rounds and high-water marks are loaded from (and re-read when an unknown device
+            or round shows up, at most every ``refresh_interval`` seconds — other processes may enroll).
+        replay_window: 0 (default) accepts only ``seq > high-water mark``; ``w > 0`` also accepts a not yet
+            stored ``seq`` in ``(hwm - w, hwm]`` (out-of-order delivery across shared-subscription workers).
+            Duplicates are excluded by ``UNIQUE(device_id, seq)`` either way.
+        max_payload: size limit in bytes (at most :data:`protocols.wire.MAX_PAYLOAD`).
+    """
+
+    def __init__(self, store: Store, replay_window: int = 0, max_payload: int = wire.MAX_PAYLOAD,
+                 refresh_interval: float = 1.0) -> None:
+        if replay_window < 0:
+            raise ValueError("replay_window must be >= 0")
+        if not 0 < max_payload <= wire.MAX_PAYLOAD:
+            raise ValueError(f"max_payload must lie in (0, {wire.MAX_PAYLOAD}]")
+        self.store = store
+        self.replay_window = int(replay_window)
+        self.max_payload = int(max_payload)
+        self.refresh_interval = float(refresh_interval)
+        self._lock = threading.RLock()
+        self._keys: dict[str, tuple[Ed25519PublicKey | None, str]] = {}
+        self._rounds: dict[str, _Round] = {}
+        self._hwm: dict[str, int] = {}
+        self._reported: set[tuple[str, str, str]] = set()
+        self._pending: dict[tuple[str, int], str] = {}
+        self._devices_loaded = self._rounds_loaded = 0.0
+        self.reload()
+
+    # ------------------------------------------------------------------ state
+    def reload(self) -> None:
+        """Re-read everything from the store (after a failed commit, or on start)."""
+        with self._lock:
+            self._pending.clear()
+            self.refresh_devices()
+            self.refresh_rounds()
+            self._hwm = self.store.high_water_marks()
+            open_ids = [rid for rid, r in self._rounds.items() if r.status == "open"]
+            self._reported = self.store.reported_keys(open_ids)
+
+    def refresh_devices(self) -> None:
+        with self._lock:
+            keys: dict[str, tuple[Ed25519PublicKey | None, str]] = {}
+            for device_id, (pub, status) in self.store.devices().items():
+                old = self._keys.get(device_id)
+                try:
+                    key = old[0] if old and old[0] is not None and wire.public_key_b64(old[0]) == pub \
+                        else wire.load_public_key(pub)
+                except ValueError:
+                    key = None  # a corrupt registry entry rejects the device's reports, never crashes ingest
+                keys[device_id] = (key, status)
+            self._keys = keys
+            self._devices_loaded = time.monotonic()
+
+    def refresh_rounds(self) -> None:
+        with self._lock:
+            rounds: dict[str, _Round] = {}
+            for row in self.store.rounds():
+                config = wire.RoundConfig.model_validate(json.loads(row["config"]))
+                rounds[row["round_id"]] = _Round(config, parse_round_params(config.params), row["status"])
+            self._rounds = rounds
+            self._rounds_loaded = time.monotonic()
+
+    def set_round(self, config: wire.RoundConfig, status: str) -> None:
+        """Tell the validator about a round opened or closed in this process (no store round trip)."""
+        with self._lock:
+            self._rounds[config.round_id] = _Round(config, parse_round_params(config.params), status)
+
+    def batch_committed(self) -> None:
+        with self._lock:
+            self._pending.clear()
+
+    # ------------------------------------------------------------------ checks
+    def check(self, topic: str, payload: bytes, now: float | None = None) -> StoredReport:
+        """Validate one message; return the row to store, or raise WireError(reason)."""
+        if len(payload) > self.max_payload:
+            raise wire.WireError("too_large", f"{len(payload)} bytes > {self.max_payload}")
+        report = wire.decode_report(payload)
+        topic_device = wire.device_id_from_topic(topic)
+        if topic_device != report.device_id:
+            raise wire.WireError("device_mismatch", f"topic names {topic_device!r}, report {report.device_id!r}")
+        with self._lock:
+            key, status = self._device(report.device_id)
+            if status != "active":
+                raise wire.WireError("revoked_device", report.device_id)
+            if key is None:
+                raise wire.WireError("unknown_device", "registered public key is unusable")
+            wire.verify_report(report, topic, key)
+            rnd = self._round(report.round_id)
+            if rnd.status != "open":
+                raise wire.WireError("round_closed", report.round_id)
+            t = time.time() if now is None else now
+            if rnd.config.not_after is not None and t > rnd.config.not_after:
+                raise wire.WireError("round_closed", f"{report.round_id} ended at {rnd.config.not_after}")
+            spec = rnd.params.streams.get(report.stream)
+            if spec is None:
+                raise wire.WireError("wrong_stream", f"round {report.round_id} has no stream {report.stream!r}")
+            if report.mechanism != spec.wire_mechanism:
+                raise wire.WireError("wrong_mechanism", f"{report.mechanism!r} != {spec.wire_mechanism!r}")
+            try:
+                body_row(spec, report.body)
+            except ValueError as exc:
+                raise wire.WireError("bad_body", str(exc)) from None
+            self._check_replay(report)
+            self._reserve(report)
+        return StoredReport(
+            device_id=report.device_id, seq=report.seq, boot=report.boot, round_id=report.round_id,
+            stream=report.stream, mechanism=report.mechanism, body=wire.canonical_json(report.body).decode(),
+            sig=report.sig, received_at=t,
+        )
+
+    def _device(self, device_id: str) -> tuple[Ed25519PublicKey | None, str]:
+        entry = self._keys.get(device_id)
+        if entry is None and time.monotonic() - self._devices_loaded >= self.refresh_interval:
+            self.refresh_devices()
+            entry = self._keys.get(device_id)
+        if entry is None:
+            raise wire.WireError("unknown_device", device_id)
+        return entry
+
+    def _round(self, round_id: str) -> _Round:
+        rnd = self._rounds.get(round_id)
+        if (rnd is None or rnd.status == "open") and time.monotonic() - self._rounds_loaded >= self.refresh_interval:
+            self.refresh_rounds()  # also notices rounds closed by another process
+            rnd = self._rounds.get(round_id)
+        if rnd is None:
+            raise wire.WireError("unknown_round", round_id)
+        return rnd
+
+    def _check_replay(self, report: wire.Report) -> None:
+        hwm = self._hwm.get(report.device_id, -1)
+        if report.seq <= hwm:
+            key = (report.device_id, report.seq)
+            stored = self._pending.get(key)
+            if stored is None:
+                stored = self.store.stored_sig(*key)
+            if stored is not None:
+                if stored == report.sig:
+                    raise wire.WireError(DUPLICATE, f"{report.device_id} seq {report.seq}")
+                raise wire.WireError("replay", f"{report.device_id} seq {report.seq} already used")
+            if report.seq <= hwm - self.replay_window:
+                raise wire.WireError("replay", f"{report.device_id} seq {report.seq} <= high-water mark {hwm}")
+        if (report.device_id, report.round_id, report.stream) in self._reported:
+            raise wire.WireError("already_reported", f"{report.device_id} in {report.round_id}/{report.stream}")
+
+    def _reserve(self, report: wire.Report) -> None:
+        if report.seq > self._hwm.get(report.device_id, -1):
+            self._hwm[report.device_id] = report.seq
+        self._pending[(report.device_id, report.seq)] = report.sig
+        self._reported.add((report.device_id, report.round_id, report.stream))
+
+    # ------------------------------------------------------------------ introspection
+    def round_params(self, round_id: str) -> RoundParams:
+        with self._lock:
+            return self._round(round_id).params
+
+    def known(self) -> dict[str, Any]:
+        with self._lock:
+            return {"devices": len(self._keys), "rounds": len(self._rounds),
+                    "open_rounds": sum(r.status == "open" for r in self._rounds.values())}

@@ -1,0 +1,163 @@
+"""Ingest through a real mosquitto: round publication, durable ingest, and crash-restart without loss or double count."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from coordinator.rounds import RoundManager
+from coordinator.service import Coordinator, CoordinatorConfig
+from coordinator.simfleet import SimFleet
+from coordinator.store import SQLiteStore
+from protocols import wire
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+STREAMS = ("a", "b", "c")
+PARAMS = {"streams": {s: {"kind": "numeric", "mechanism": "duchi", "params": {"epsilon": 0.5}, "dims": [s],
+                          "bounds": [[0, 1]]} for s in STREAMS}}
+
+
+def publisher(port: int) -> mqtt.Client:
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"pub-{time.monotonic_ns()}", protocol=mqtt.MQTTv5)
+    client.max_inflight_messages_set(200)
+    client.max_queued_messages_set(0)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    return client
+
+
+def signed_reports(fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
+    out = []
+    for stream in STREAMS:
+        for dev in fleet.devices:
+            out.append(dev.report(round_id, stream, "duchi", {"report": 2.1639534137386525}))
+    return out
+
+
+def wait_until(pred, timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def test_in_process_ingest_and_round_publication(mosquitto, tmp_path):
+    fleet = SimFleet(50)
+    cfg = CoordinatorConfig(db=str(tmp_path / "c.db"), mqtt_port=mosquitto.port, batch_ms=5)
+    with Coordinator(cfg) as coord:
+        coord.import_devices(fleet.enrollment())
+        coord.open_round("r1", 1.5, PARAMS)
+        # a device sees the retained, signed round
+        got: list[bytes] = []
+        sub = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        sub.on_message = lambda c, u, m: got.append(m.payload)
+        sub.connect("127.0.0.1", mosquitto.port)
+        sub.subscribe(wire.ROUNDS_CURRENT_TOPIC, qos=1)
+        sub.loop_start()
+        assert wait_until(lambda: got, 5)
+        sub.disconnect()
+        sub.loop_stop()
+        cfg_round = wire.decode_round(got[0])
+        wire.verify_round(cfg_round, wire.load_public_key(coord.public_key))
+        assert cfg_round.round_id == "r1"
+
+        reports = signed_reports(fleet, "r1")
+        pub = publisher(mosquitto.port)
+        for topic, payload in reports:
+            pub.publish(topic, payload, qos=1)
+        pub.publish(reports[0][0], reports[0][1], qos=1)  # a duplicate
+        pub.publish(reports[0][0], b"garbage", qos=1)
+        assert wait_until(lambda: coord.metrics.snapshot()["received"] >= len(reports) + 2, 20)
+        pub.disconnect()
+        pub.loop_stop()
+        snap = coord.metrics_snapshot()
+        assert snap["accepted"] == len(reports) == snap["stored_reports"]
+        assert snap["duplicates"] == 1 and snap["rejected"] == {"malformed": 1}
+        est = coord.estimate("r1")
+        assert all(e.n == len(fleet) and e.error is None for e in est.values())
+
+
+def _start_coordinator(db: Path, key: Path, port: int, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--db", str(db), "--key", str(key),
+         "--mqtt-port", str(port), "--batch-size", "200", "--batch-ms", "10"],
+        stdout=subprocess.PIPE, stderr=open(log, "ab"), env=env, cwd=ROOT,
+    )
+    line = proc.stdout.readline()
+    assert json.loads(line)["status"] == "ready", line
+    return proc
+
+
+def _stored(db: Path) -> list[tuple[str, int]]:
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        return conn.execute("SELECT device_id, seq FROM reports").fetchall()
+    finally:
+        conn.close()
+
+
+def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tmp_path):
+    db, key = tmp_path / "coord.db", tmp_path / "coord.key"
+    fleet = SimFleet(700)
+    store = SQLiteStore(db)
+    for rec in fleet.enrollment():
+        store.upsert_device(rec["device_id"], rec["public_key"])
+    RoundManager(store, wire.generate_signing_key()).open_round("r1", 1.5, PARAMS)
+    store.close()
+    reports = signed_reports(fleet, "r1")
+    published = {(json.loads(p)["device_id"], json.loads(p)["seq"]) for _, p in reports}
+
+    proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log")
+    pub = publisher(mosquitto.port)
+    done = threading.Event()
+
+    def publish_all() -> None:
+        for i, (topic, payload) in enumerate(reports):
+            pub.publish(topic, payload, qos=1)
+            if i % 100 == 99:
+                time.sleep(0.02)  # a steady stream, so the kill lands mid-stream
+        done.set()
+
+    thread = threading.Thread(target=publish_all)
+    thread.start()
+    try:
+        assert wait_until(lambda: len(_stored(db)) >= 300, 30), "coordinator stored nothing"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        killed_at = len(_stored(db))
+        assert killed_at < len(reports), "the kill must land mid-stream"
+        thread.join(60)
+        assert done.is_set()
+        proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log")
+        assert wait_until(lambda: len(_stored(db)) >= len(reports), 60)
+        time.sleep(0.5)  # anything still redelivered must be recognised as a duplicate
+        rows = _stored(db)
+        assert len(rows) == len(set(rows)) == len(reports)
+        assert set(rows) == published
+        conn = sqlite3.connect(db, timeout=30)
+        counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
+        conn.close()
+        assert counters["accepted"] == len(reports)
+        assert set(counters) <= {"accepted", "duplicate"}
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(20)
