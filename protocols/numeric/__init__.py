@@ -11,7 +11,7 @@ scalar mechanisms expose ``pdf(t, y)``, discrete ones ``pmf``/``output_probabili
 claim can be checked exactly (tests/unit/test_numeric.py) and empirically (tests/audit/test_audit_numeric.py).
 """
 
-from ._common import VectorMeanMechanism
+from ._common import MAX_EPSILON, VectorMeanMechanism
 from .additive import SENSITIVITY, Gaussian, Laplace, analytic_gaussian_sigma, gaussian_exact_delta
 from .duchi import Duchi, DuchiMultiDim, duchi_constant
 from .pdp import PDP, optimal_pdp_width, pdp_variance
@@ -28,6 +28,7 @@ __all__ = [
     "KSampling",
     "DuchiMultiDim",
     "VectorMeanMechanism",
+    "MAX_EPSILON",
     "make_scalar_mechanism",
     "SCALAR_MECHANISMS",
     "KSAMPLING_BASES",

@@ -6,9 +6,29 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import NumericMechanism, check_int, check_unit_interval
+from protocols.base import NumericMechanism, check_epsilon, check_int, check_unit_interval
 
-__all__ = ["check_rng", "check_reports", "check_dimension", "as_result", "VectorMeanMechanism"]
+__all__ = [
+    "MAX_EPSILON",
+    "check_rng",
+    "check_reports",
+    "check_dimension",
+    "check_bounded_epsilon",
+    "as_result",
+    "VectorMeanMechanism",
+]
+
+#: Largest ε accepted by mechanisms whose probabilities involve e^ε: beyond it 1/(e^ε + 1) < 2e-22 and the
+#: exact-ratio arithmetic (and e^ε itself, past ε ≈ 709) breaks down; such a budget protects nothing anyway.
+MAX_EPSILON = 50.0
+
+
+def check_bounded_epsilon(epsilon: Any) -> float:
+    """:func:`protocols.base.check_epsilon` plus ``ε ≤`` :data:`MAX_EPSILON`."""
+    value = check_epsilon(epsilon)
+    if value > MAX_EPSILON:
+        raise ValueError(f"epsilon must be <= {MAX_EPSILON:g} for this mechanism, got {epsilon!r}")
+    return value
 
 
 def check_rng(rng: Any) -> np.random.Generator:

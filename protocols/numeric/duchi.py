@@ -12,9 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import NumericMechanism, check_epsilon, check_unit_interval
+from protocols.base import NumericMechanism, check_unit_interval
 
-from ._common import VectorMeanMechanism, as_result, check_dimension, check_reports, check_rng
+from ._common import (
+    VectorMeanMechanism,
+    as_result,
+    check_bounded_epsilon,
+    check_dimension,
+    check_reports,
+    check_rng,
+)
 
 __all__ = ["Duchi", "DuchiMultiDim", "duchi_constant"]
 
@@ -28,7 +35,7 @@ class Duchi(NumericMechanism):
     """
 
     def __init__(self, epsilon: float) -> None:
-        self.epsilon = check_epsilon(epsilon)
+        self.epsilon = check_bounded_epsilon(epsilon)
         self.delta = 0.0
         self.bound = (math.exp(self.epsilon) + 1) / math.expm1(self.epsilon)
 
@@ -115,7 +122,7 @@ class DuchiMultiDim(VectorMeanMechanism):
     MAX_ENUMERATION_D = 10
 
     def __init__(self, epsilon: float, d: int) -> None:
-        self.epsilon = check_epsilon(epsilon)
+        self.epsilon = check_bounded_epsilon(epsilon)
         self.delta = 0.0
         self.d = check_dimension(d)
         self.p = math.exp(self.epsilon) / (math.exp(self.epsilon) + 1)

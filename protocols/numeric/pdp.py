@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from protocols.base import NumericMechanism, check_epsilon, check_unit_interval
+from protocols.base import NumericMechanism, check_unit_interval
 
-from ._common import as_result, check_reports, check_rng
+from ._common import as_result, check_bounded_epsilon, check_reports, check_rng
 
 __all__ = ["PDP", "pdp_variance", "optimal_pdp_width"]
 
@@ -45,7 +45,7 @@ def optimal_pdp_width(epsilon: float) -> float:
     the scan's neighbours (the objective is smooth with a single interior minimum: it blows up as δ → 0, like
     1/δ, and as δ → ∞, like δ). SPEC §3.6: δ ≈ 1.76 / 1.55 / 1.18 / 0.64 at ε = 0.5 / 1 / 2 / 4.
     """
-    epsilon = check_epsilon(epsilon)
+    epsilon = check_bounded_epsilon(epsilon)
     grid = np.logspace(-4, 4, 801)
     values = np.array([float(pdp_variance(epsilon, w)) for w in grid])
     i = int(np.argmin(values))
@@ -78,7 +78,7 @@ class PDP(NumericMechanism):
     """
 
     def __init__(self, epsilon: float, width: float | None = None) -> None:
-        self.epsilon = check_epsilon(epsilon)
+        self.epsilon = check_bounded_epsilon(epsilon)
         self.delta = 0.0
         if width is None:
             width = optimal_pdp_width(self.epsilon)

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import NumericMechanism, check_epsilon, check_unit_interval
+from protocols.base import NumericMechanism, check_unit_interval
 
-from ._common import as_result, check_reports, check_rng
+from ._common import as_result, check_bounded_epsilon, check_reports, check_rng
 from .duchi import Duchi
 
 __all__ = ["Piecewise", "Hybrid", "HYBRID_EPSILON_STAR"]
@@ -38,7 +38,7 @@ class Piecewise(NumericMechanism):
     """
 
     def __init__(self, epsilon: float) -> None:
-        self.epsilon = check_epsilon(epsilon)
+        self.epsilon = check_bounded_epsilon(epsilon)
         self.delta = 0.0
         half = math.exp(self.epsilon / 2)
         self._half = half
@@ -98,7 +98,7 @@ class Hybrid(NumericMechanism):
     """
 
     def __init__(self, epsilon: float) -> None:
-        self.epsilon = check_epsilon(epsilon)
+        self.epsilon = check_bounded_epsilon(epsilon)
         self.delta = 0.0
         self.alpha = -math.expm1(-self.epsilon / 2) if self.epsilon > HYBRID_EPSILON_STAR else 0.0
         self.piecewise = Piecewise(self.epsilon)

@@ -16,6 +16,7 @@ import pytest
 from protocols.base import NumericMechanism
 from protocols.numeric import (
     HYBRID_EPSILON_STAR,
+    MAX_EPSILON,
     PDP,
     Duchi,
     DuchiMultiDim,
@@ -73,6 +74,15 @@ def _y_grid(mechanism, t: np.ndarray, lo: float, hi: float) -> np.ndarray:
 def test_constructors_reject_bad_epsilon(cls, bad):
     with pytest.raises(ValueError, match="epsilon"):
         cls(bad)
+
+
+@pytest.mark.parametrize("cls", [Duchi, Piecewise, Hybrid, PDP])
+def test_epsilon_cap(cls):
+    assert cls(MAX_EPSILON).epsilon == MAX_EPSILON
+    with pytest.raises(ValueError, match="epsilon must be <="):
+        cls(MAX_EPSILON * 2)
+    with pytest.raises(ValueError, match="epsilon must be <="):
+        DuchiMultiDim(1000.0, 3)
 
 
 def test_constructor_validation():
