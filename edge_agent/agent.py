@@ -1,0 +1,490 @@
+"""The agent: reads sources, runs the pipeline, commits reports durably, drains the outbox over MQTT.
+
+Embedding (the demo runs hundreds in one process)::
+
+    agent = Agent(config, source=IterableSource(rows), secrets=Secrets(key, secret))
+    agent.open()
+    agent.report("round-1")                    # one fresh reading → one report per stream (durable)
+    agent.step()                               # acks, incoming rounds, outbox drain, scheduled work
+    agent.close()
+
+or ``agent.run(max_rounds=5)`` (blocking), or :func:`run_fleet` for many agents on one thread. Each agent with MQTT
+has one paho network thread; without ``[mqtt]`` the agent only fills its outbox (offline mode, tests, crash test).
+
+A report's life: fresh reading → :class:`~edge_agent.pipeline.Pipeline` → per stream one transaction
+(:meth:`~edge_agent.state.State.commit_report`: caps, ledger debit, memo, signed outbox row, seq) → outbox drain
+in seq order → PUBACK → ``sent``. Nothing reaches the network before its transaction has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from protocols import wire
+
+from .config import AgentConfig, Secrets, load_secrets
+from .pipeline import InvalidRecord, Pipeline, PreparedReport, Record
+from .sources import build_sources
+from .state import Commit, Refused, ReportRequest, State
+from .systemd import Notifier
+from .transport import MqttTransport
+
+__all__ = ["Agent", "ReportOutcome", "run_fleet"]
+
+log = logging.getLogger("haarvest.agent")
+
+
+@dataclass
+class ReportOutcome:
+    """What one report attempt did: committed reports, refused streams (stream, reason), or an invalid record."""
+
+    round_id: str
+    commits: list[Commit] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    invalid: str | None = None
+    exhausted: bool = False
+
+    @property
+    def charged(self) -> float:
+        return sum(c.charged for c in self.commits)
+
+
+class Agent:
+    """One device's agent. Not thread-safe: drive it from one thread (paho's callbacks only queue work)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        source: Any | None = None,
+        *,
+        secrets: Secrets | None = None,
+        transport: MqttTransport | bool | None = None,
+        clock: Callable[[], float] = time.time,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.config = config
+        self.source = source if source is not None else build_sources(config.sources, config.device_id)
+        self.secrets = secrets if secrets is not None else load_secrets(config)
+        self.clock = clock
+        self.wake = threading.Event()
+        if transport is None or transport is True:
+            self.transport = MqttTransport(config.mqtt, config.device_id, self.wake) if config.mqtt else None
+        elif transport is False:
+            self.transport = None
+        else:
+            self.transport = transport
+            self.transport.wake = self.wake
+        self.notifier = notifier or Notifier({})
+        self.coordinator_key = config.coordinator_key()
+        self.state: State | None = None
+        self.pipeline: Pipeline | None = None
+        self.boot = 0
+        self.stats: Counter[str] = Counter()
+        self._pending_counters: Counter[str] = Counter()
+        self.rounds_answered = 0
+        self.readings = 0
+        self.exhausted = False
+        self.last_record: Record | None = None
+        self._next_sample: float | None = None
+        self._next_interval_report: float | None = None
+        self._last_compact = 0.0
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+
+    def open(self) -> "Agent":
+        """Open the state database, count a boot, restore rounding state, connect (if MQTT is configured)."""
+        if self.state is not None:
+            return self
+        self.state = State(self.config.database_path)
+        self.boot = self.state.begin_boot()
+        self.pipeline = Pipeline(self.config, self.secrets.hmac_secret, self.state.load_rounding())
+        self._persist_rounding()
+        if self.transport is not None:
+            self.transport.start({"boot": self.boot, "public_key": self.secrets.public_key_b64})
+        log.info(
+            "agent started",
+            extra={
+                "event": "started",
+                "device_id": self.config.device_id,
+                "boot": self.boot,
+                "streams": {n: p.mechanism_name for n, p in self.pipeline.streams.items()},
+                "pending": self.state.pending_count(),
+            },
+        )
+        return self
+
+    def close(self, drain_timeout: float = 0.0) -> None:
+        """Flush counters and rounding state; optionally wait for the outbox to drain; disconnect cleanly."""
+        if self.state is None:
+            return
+        if drain_timeout > 0:
+            self.drain(drain_timeout)
+        self._flush_counters()
+        self._persist_rounding()
+        if self.transport is not None:
+            self.transport.stop()
+            self.step_acks()
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()
+        self.state.close()
+        self.state = None
+        log.info("agent stopped", extra={"event": "stopped", "device_id": self.config.device_id})
+
+    def __enter__(self) -> "Agent":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _require(self) -> tuple[State, Pipeline]:
+        if self.state is None or self.pipeline is None:
+            raise RuntimeError("agent is not open (call open())")
+        return self.state, self.pipeline
+
+    # --- readings -----------------------------------------------------------------------------------------
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.stats[name] += n
+        self._pending_counters[name] += n
+
+    def _flush_counters(self) -> None:
+        if self.state is not None and self._pending_counters:
+            self.state.bump(dict(self._pending_counters))
+            self._pending_counters.clear()
+
+    def _persist_rounding(self) -> None:
+        if self.state is not None and self.pipeline is not None and self.pipeline.rounding_dirty:
+            self.state.save_rounding(self.pipeline.rounding_state())
+
+    def sample(self) -> Record | None:
+        """Read the source once and feed the pipeline (volatility windows, epochs). None if invalid/exhausted."""
+        _, pipeline = self._require()
+        reading = self.source.read()
+        if reading is None:
+            self.exhausted = True
+            return None
+        self.readings += 1
+        try:
+            record = pipeline.observe(reading)
+        except InvalidRecord as exc:
+            self._count("invalid_records")
+            self._count(f"invalid.{exc.reason}")
+            log.warning(
+                "invalid record dropped: nothing sent, nothing charged",
+                extra={"event": "invalid_record", "reason": exc.reason, "dimension": exc.dimension,
+                       "detail": str(exc)},
+            )
+            return None
+        for name in record.clipped:
+            self._count(f"clipped.{name}")
+        self.last_record = record
+        return record
+
+    # --- reporting ----------------------------------------------------------------------------------------
+
+    def _payload(self, prepared: PreparedReport, round_id: str) -> Callable[[int, dict[str, Any]], tuple[str, bytes]]:
+        topic = wire.report_topic(self.config.device_id)
+
+        def make(seq: int, body: dict[str, Any]) -> tuple[str, bytes]:
+            report = wire.Report(
+                device_id=self.config.device_id,
+                boot=self.boot,
+                seq=seq,
+                round_id=round_id,
+                stream=prepared.stream,
+                mechanism=prepared.mechanism,
+                body=body,
+            )
+            payload = wire.sign_report(report, topic, self.secrets.signing_key).to_bytes()
+            if len(payload) > wire.MAX_PAYLOAD:
+                raise Refused("too_large", f"{len(payload)} bytes > {wire.MAX_PAYLOAD}")
+            return topic, payload
+
+        return make
+
+    def report(
+        self,
+        round_id: str,
+        streams: list[str] | None = None,
+        round_cap: float | None = None,
+        record: Record | None = None,
+    ) -> ReportOutcome:
+        """Take a fresh reading (unless ``record`` is given) and commit one report per stream.
+
+        All streams commit in ONE transaction (a savepoint each); a stream refused (cap, round budget, full
+        outbox) is logged and counted and sends nothing, the others go on. An invalid reading sends nothing and
+        charges nothing.
+        """
+        state, pipeline = self._require()
+        outcome = ReportOutcome(round_id)
+        if record is None:
+            record = self.sample()
+            if record is None:
+                outcome.exhausted = self.exhausted
+                outcome.invalid = None if self.exhausted else "invalid_record"
+                self._flush_counters()
+                return outcome
+        self._persist_rounding()
+        cap = self.config.privacy.max_round_epsilon if round_cap is None else round_cap
+        counters = dict(self._pending_counters)
+        self._pending_counters.clear()
+        prepared_list = pipeline.prepare(record, streams)
+        requests = [
+            ReportRequest(
+                stream=p.stream,
+                round_id=round_id,
+                memo_key=p.memo_key,
+                spec=p.spec,
+                mechanism=p.mechanism,
+                epsilon=p.epsilon,
+                stream_cap=p.cap,
+                round_cap=cap,
+                make_body=p.make_body,
+                make_payload=self._payload(p, round_id),
+                memoize=p.memoize,
+            )
+            for p in prepared_list
+        ]
+        results = state.commit_reports(
+            requests,
+            total_cap=self.config.ledger.total_cap,
+            renewal_period_s=self.config.ledger.renewal_period_s,
+            max_pending=self.config.outbox.max_pending,
+            counters=counters,
+            now=self.clock(),
+        )
+        for prepared, result in zip(prepared_list, results):
+            if isinstance(result, Refused):
+                self.stats[f"refused.{result.reason}"] += 1
+                outcome.refused.append((prepared.stream, result.reason))
+                log.warning(
+                    "report refused: nothing sent",
+                    extra={"event": "refused", "stream": prepared.stream, "round_id": round_id,
+                           "reason": result.reason, "detail": result.detail},
+                )
+                continue
+            outcome.commits.append(result)
+            self.stats["memo_hits" if result.memo_hit else "charged_reports"] += 1
+        self.rounds_answered += 1
+        log.debug(
+            "reported",
+            extra={"event": "reported", "round_id": round_id, "seqs": [c.seq for c in outcome.commits],
+                   "charged": outcome.charged, "refused": outcome.refused},
+        )
+        return outcome
+
+    # --- rounds -------------------------------------------------------------------------------------------
+
+    def handle_round(self, payload: bytes) -> ReportOutcome | None:
+        """A round config from the coordinator: decode, verify, clamp/refuse ε, answer once per round id."""
+        state, _ = self._require()
+        try:
+            rc = wire.decode_round(payload)
+        except wire.WireError as exc:
+            self._count("rounds.malformed")
+            log.warning("round config rejected", extra={"event": "round_rejected", "reason": exc.reason})
+            return None
+        if self.coordinator_key is None:
+            self._count("rounds.no_coordinator_key")
+            log.warning("round ignored: no coordinator key configured", extra={"event": "round_rejected",
+                                                                                "round_id": rc.round_id})
+            return None
+        try:
+            wire.verify_round(rc, self.coordinator_key)
+        except wire.WireError as exc:
+            self._count("rounds.bad_signature")
+            log.warning("round config rejected", extra={"event": "round_rejected", "round_id": rc.round_id,
+                                                        "reason": exc.reason})
+            return None
+        if state.round_seen(rc.round_id) is not None:
+            return None  # retained config redelivered on reconnect: answered (or refused) already
+        now = self.clock()
+        if rc.not_after is not None and now > rc.not_after:
+            state.record_round(rc.round_id, "expired")
+            self._count("rounds.expired")
+            return None
+        epsilon = rc.epsilon
+        max_eps = self.config.privacy.max_round_epsilon
+        if epsilon > max_eps:
+            if self.config.privacy.round_policy == "refuse":
+                state.record_round(rc.round_id, "refused", f"epsilon {epsilon} > max {max_eps}")
+                self._count("rounds.refused_epsilon")
+                log.warning("round refused: epsilon above the device maximum",
+                            extra={"event": "round_refused", "round_id": rc.round_id, "epsilon": epsilon,
+                                   "max_round_epsilon": max_eps})
+                return None
+            self._count("rounds.clamped")
+            log.info("round epsilon clamped to the device maximum",
+                     extra={"event": "round_clamped", "round_id": rc.round_id, "epsilon": epsilon,
+                            "max_round_epsilon": max_eps})
+            epsilon = max_eps
+        streams = rc.params.get("streams")
+        if streams is not None:
+            if not isinstance(streams, list) or not all(isinstance(s, str) for s in streams):
+                state.record_round(rc.round_id, "refused", "params.streams must be a list of names")
+                self._count("rounds.malformed")
+                return None
+            unknown = sorted(set(streams) - set(self.pipeline.streams))  # type: ignore[union-attr]
+            if unknown:
+                log.info("round asks for streams this device does not have",
+                         extra={"event": "round_unknown_streams", "round_id": rc.round_id, "streams": unknown})
+        # recorded before answering: a crash mid-round never answers the same round twice
+        state.record_round(rc.round_id, "answered")
+        outcome = self.report(rc.round_id, streams=streams, round_cap=epsilon)
+        self._count("rounds.answered")
+        return outcome
+
+    # --- the loop -----------------------------------------------------------------------------------------
+
+    def step_acks(self) -> None:
+        state, _ = self._require()
+        if self.transport is None:
+            return
+        sent, rejected = self.transport.take_acks()
+        if sent:
+            state.mark_sent(sent)
+            self.stats["acked"] += len(sent)
+        if rejected:
+            state.mark_sent(rejected, status="rejected")
+            self.stats["rejected_by_broker"] += len(rejected)
+            log.warning("broker rejected reports", extra={"event": "broker_rejected", "seqs": rejected})
+
+    def step(self, now: float | None = None) -> None:
+        """Non-blocking unit of work: acks, fallback, incoming rounds, scheduled sampling/reports, outbox drain."""
+        state, _ = self._require()
+        now = self.clock() if now is None else now
+        tr = self.transport
+        if tr is not None:
+            self.step_acks()
+            tr.maybe_fallback()
+            for payload in tr.take_rounds():
+                self.handle_round(payload)
+        cfg = self.config
+        if cfg.sample_interval_s and not self.exhausted:
+            if self._next_sample is None:
+                self._next_sample = now
+            if now >= self._next_sample:
+                self.sample()
+                self._next_sample = max(self._next_sample + cfg.sample_interval_s, now)
+        if cfg.schedule == "interval" and not self.exhausted:
+            if self._next_interval_report is None:  # aligned: every device reports at the same boundaries
+                self._next_interval_report = (math.floor(now / cfg.report_interval_s) + 1) * cfg.report_interval_s
+            if now >= self._next_interval_report:
+                idx = int(math.floor(now / cfg.report_interval_s))
+                self.report(f"interval-{idx}")
+                self._next_interval_report = (idx + 1) * cfg.report_interval_s
+        if tr is not None:
+            cap = tr.capacity()
+            if cap > 0:
+                tr.submit(state.pending(after_seq=tr.last_submitted, limit=cap))
+        if now - self._last_compact > 3600:
+            self._last_compact = now
+            state.compact(cfg.outbox.keep_sent)
+            self._flush_counters()
+        self.notifier.watchdog()
+
+    def drain(self, timeout: float) -> bool:
+        """Step until the outbox has no pending rows (True) or ``timeout`` seconds pass (False)."""
+        state, _ = self._require()
+        if self.transport is None:
+            return state.pending_count() == 0
+        deadline = time.monotonic() + timeout
+        while True:
+            self.step_acks()
+            if state.pending_count() == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            cap = self.transport.capacity()
+            if cap:
+                self.transport.submit(state.pending(after_seq=self.transport.last_submitted, limit=cap))
+            self.wake.wait(0.05)
+            self.wake.clear()
+
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        max_rounds: int | None = None,
+        max_readings: int | None = None,
+        drain_timeout: float = 10.0,
+        poll_s: float = 0.2,
+    ) -> int:
+        """Run until ``stop`` is set, ``max_rounds`` rounds are answered, ``max_readings`` readings are taken, or the
+        source is exhausted; then drain the outbox (up to ``drain_timeout``) and close. Returns rounds answered."""
+        stop = stop or threading.Event()
+        self.open()
+        self.notifier.ready(f"device {self.config.device_id} boot {self.boot}")
+        try:
+            while not stop.is_set():
+                self.step()
+                if max_rounds is not None and self.rounds_answered >= max_rounds:
+                    break
+                if max_readings is not None and self.readings >= max_readings:
+                    break
+                if self.exhausted:
+                    break
+                self.wake.wait(self._wait_time(poll_s))
+                self.wake.clear()
+        finally:
+            self.notifier.stopping()
+            self.close(drain_timeout=drain_timeout if self.transport is not None else 0.0)
+        return self.rounds_answered
+
+    def _wait_time(self, poll_s: float) -> float:
+        now = self.clock()
+        nxt = [t for t in (self._next_sample, self._next_interval_report) if t is not None]
+        wait = min([poll_s] + [max(0.0, t - now) for t in nxt])
+        if self.notifier.watchdog_interval:
+            wait = min(wait, self.notifier.watchdog_interval)
+        return max(0.001, wait)
+
+    def status(self) -> dict[str, Any]:
+        state, pipeline = self._require()
+        out = state.status()
+        out.update(
+            device_id=self.config.device_id,
+            connected=bool(self.transport and self.transport.connected.is_set()),
+            inflight=self.transport.inflight if self.transport else 0,
+            volatility=pipeline.volatility_scores(),
+            session_stats=dict(self.stats),
+        )
+        return out
+
+
+def run_fleet(
+    agents: list[Agent],
+    stop: threading.Event | None = None,
+    max_rounds: int | None = None,
+    poll_s: float = 0.05,
+    drain_timeout: float = 10.0,
+    timeout: float | None = None,
+) -> None:
+    """Drive many embedded agents from ONE thread (plus one paho thread per MQTT agent).
+
+    Every agent is opened, stepped round-robin until ``stop`` is set, every agent has answered ``max_rounds``
+    rounds or ``timeout`` seconds pass, then drained and closed.
+    """
+    stop = stop or threading.Event()
+    for a in agents:
+        a.open()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while not stop.is_set():
+            for a in agents:
+                a.step()
+            if max_rounds is not None and all(a.rounds_answered >= max_rounds or a.exhausted for a in agents):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            stop.wait(poll_s)
+    finally:
+        end = time.monotonic() + drain_timeout
+        for a in agents:
+            a.close(drain_timeout=max(0.0, end - time.monotonic()) if a.transport is not None else 0.0)

@@ -1,0 +1,232 @@
+"""``haarvest agent run | check-config | enroll | status | ledger``.
+
+Exit codes: 0 success, 2 bad configuration / secrets, 1 other failures. ``run`` logs JSON lines to stderr,
+stops gracefully on SIGTERM/SIGINT (drains the outbox for up to ``--drain-timeout`` seconds) and speaks the
+systemd notify protocol when ``NOTIFY_SOCKET`` is set (READY=1, WATCHDOG=1, STOPPING=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "main"]
+
+DEFAULT_CONFIG = "/etc/haarvest/agent.toml"
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from .config import load_config
+
+    return load_config(args.config)
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return code
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load_secrets
+    from .pipeline import build_stream_plan
+
+    try:
+        cfg = _load(args)
+        plans = {s.name: build_stream_plan(cfg, s) for s in cfg.effective_streams()}
+        cfg.coordinator_key()
+    except ConfigError as exc:
+        return _fail(str(exc))
+    summary: dict[str, Any] = {
+        "ok": True,
+        "device_id": cfg.device_id,
+        "state_dir": str(cfg.state_dir),
+        "schedule": cfg.schedule,
+        "streams": {
+            n: {"dimensions": list(p.config.dimensions), "mechanism": p.mechanism_name, "params": p.params,
+                "epsilon": p.epsilon, "cap": p.cap}
+            for n, p in plans.items()
+        },
+        "ledger": cfg.ledger.model_dump(mode="json"),
+        "mqtt": None if cfg.mqtt is None else f"{cfg.mqtt.host}:{cfg.mqtt.port} (protocol {cfg.mqtt.protocol})",
+        "warnings": [],
+    }
+    try:
+        load_secrets(cfg)
+        summary["secrets"] = "ok"
+    except ConfigError as exc:
+        summary["secrets"] = str(exc)
+        summary["warnings"].append("secrets missing or unreadable: run `haarvest agent enroll`")
+    if cfg.sources and not args.no_source_check:
+        from .pipeline import InvalidRecord, Pipeline
+        from .sources import SourceError, build_sources
+
+        try:
+            reading = build_sources(cfg.sources, cfg.device_id).read()
+            if reading is None:
+                summary["warnings"].append("the source returned no reading")
+            else:
+                Pipeline(cfg, b"\0" * 32).validate(reading)
+        except (SourceError, InvalidRecord) as exc:
+            summary["warnings"].append(f"a test reading failed: {exc}")
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def cmd_enroll(args: argparse.Namespace) -> int:
+    from protocols import wire
+
+    from .config import ConfigError, create_secrets, load_secrets
+
+    try:
+        cfg = _load(args)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    try:
+        secrets = create_secrets(cfg, overwrite=args.force)
+        created = True
+    except FileExistsError as exc:
+        if args.force:
+            return _fail(str(exc), 1)
+        try:
+            secrets = load_secrets(cfg)
+        except ConfigError as exc2:
+            return _fail(f"{exc}; and the existing files cannot be used: {exc2}")
+        created = False
+    print(
+        json.dumps(
+            {
+                "device_id": cfg.device_id,
+                "public_key": wire.public_key_b64(secrets.signing_key),
+                "algorithm": "ed25519",
+                "created": created,
+                "signing_key_file": str(cfg.signing_key_path),
+                "hmac_secret_file": str(cfg.hmac_secret_path),
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def _open_state(args: argparse.Namespace) -> Any:
+    from .state import State
+
+    cfg = _load(args)
+    if not cfg.database_path.exists():
+        raise FileNotFoundError(f"no agent database at {cfg.database_path} (has the agent run?)")
+    return cfg, State(cfg.database_path)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .config import ConfigError
+
+    try:
+        cfg, state = _open_state(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    with state:
+        out = state.status()
+        out["device_id"] = cfg.device_id
+        out["caps"] = {"total": cfg.ledger.total_cap, "renewal_period_s": cfg.ledger.renewal_period_s,
+                       "streams": {s.name: cfg.stream_cap(s) for s in cfg.effective_streams()}}
+        out["invariants"] = state.check_invariants()
+        if args.integrity:
+            out["integrity_check"] = state.integrity_check()
+    print(json.dumps(out, indent=2, default=str))
+    return 0 if out["invariants"]["ok"] and out.get("integrity_check", ["ok"]) == ["ok"] else 1
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from .config import ConfigError
+
+    try:
+        _, state = _open_state(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    with state:
+        for row in state.ledger_rows(stream=args.stream, limit=args.limit):
+            print(json.dumps(row))
+        if args.total:
+            print(json.dumps({"total": state.spent(args.stream), "by_stream": state.spent_by_stream()}))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .agent import Agent
+    from .config import ConfigError
+    from .logs import setup_logging
+    from .sources import SourceError
+    from .systemd import Notifier
+
+    setup_logging(args.log_level)
+    try:
+        cfg = _load(args)
+        agent = Agent(cfg, notifier=Notifier())
+    except (ConfigError, SourceError) as exc:
+        return _fail(str(exc))
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+        agent.wake.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.run(stop=stop, max_rounds=args.max_rounds, max_readings=args.max_readings,
+              drain_timeout=args.drain_timeout)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("agent", help="the edge agent (device daemon)")
+    sub = p.add_subparsers(dest="agent_command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", "-c", type=Path, default=Path(DEFAULT_CONFIG), help="agent TOML file")
+
+    run = sub.add_parser("run", help="run the agent (daemon)")
+    common(run)
+    run.add_argument("--max-rounds", type=int, help="exit after answering this many rounds (demo)")
+    run.add_argument("--max-readings", type=int, help="exit after this many readings (demo)")
+    run.add_argument("--drain-timeout", type=float, default=10.0, help="seconds to drain the outbox at exit")
+    run.add_argument("--log-level", default="INFO")
+    run.set_defaults(func=cmd_run)
+
+    chk = sub.add_parser("check-config", help="validate the config, resolve mechanisms, test the source")
+    common(chk)
+    chk.add_argument("--no-source-check", action="store_true", help="do not take a test reading")
+    chk.set_defaults(func=cmd_check_config)
+
+    enr = sub.add_parser("enroll", help="create the device signing key and HMAC secret; print the enrolment JSON")
+    common(enr)
+    enr.add_argument("--force", action="store_true", help="replace an existing identity (new key, new memo)")
+    enr.set_defaults(func=cmd_enroll)
+
+    st = sub.add_parser("status", help="ledger totals, outbox, counters, invariants (JSON)")
+    common(st)
+    st.add_argument("--integrity", action="store_true", help="also run PRAGMA integrity_check")
+    st.set_defaults(func=cmd_status)
+
+    led = sub.add_parser("ledger", help="print ledger charges as JSON lines")
+    common(led)
+    led.add_argument("--stream")
+    led.add_argument("--limit", type=int)
+    led.add_argument("--total", action="store_true", help="also print totals")
+    led.set_defaults(func=cmd_ledger)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="haarvest-agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(["agent", *(argv if argv is not None else sys.argv[1:])])
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,497 @@
+"""Durable device state: ONE SQLite database (WAL journal, ``synchronous=FULL``).
+
+Tables:
+
+* ``ledger`` — append-only privacy charges ``(id, ts, stream, round_id, epsilon, memo_key, seq, mechanism)``;
+  triggers abort any UPDATE or DELETE. The ledger is the device's authority (SPEC §4).
+* ``memo`` — memoized noisy report bodies keyed by ``HMAC-SHA256(device secret, stream ‖ spec ‖ rounded value)``
+  (hex). Raw readings are never stored anywhere.
+* ``outbox`` — signed report payloads by sequence number, status ``pending`` → ``sent`` (on PUBACK) or
+  ``rejected`` (the broker refused it); ``epsilon`` is what that report charged (0 for a memo hit).
+* ``meta`` — counters: ``boot``, ``next_seq``, status counters (``refused_total_cap``, ``clipped``, ...),
+  ``compacted_count``/``compacted_epsilon`` for sent rows folded away by :meth:`State.compact`.
+* ``rounding`` — per-dimension α-rounding state (the life-long u draw and the current quantised step).
+* ``rounds`` — round ids already answered or refused (a round is answered at most once, across reboots).
+
+Atomicity: :meth:`State.commit_reports` runs ``BEGIN IMMEDIATE`` … ``COMMIT`` around the cap checks, the ledger
+debit, the memo entry, the outbox row and the sequence counter of every report of one round (a SAVEPOINT per
+report, so one refused stream does not undo the others), so after any crash either all of them exist or none
+does; nothing is published except from a committed outbox row. One commit = one fsync per round. Invariant (checked by
+:meth:`State.check_invariants` and the crash test): ``Σ ledger.epsilon = Σ outbox.epsilon + compacted_epsilon``.
+
+Caps: a new charge is refused when ``spent(stream) + ε > stream_cap`` or ``spent(all) + ε > total_cap``, where
+"spent" sums the whole ledger, or — with a renewal period P — the charges of the last P seconds (a sliding window:
+at no time has the device spent more than the cap within any window of length P). Ledger timestamps never go
+backwards (``ts = max(now, last ts)``), so a clock stepped back cannot re-open budget; a clock stepped *forward*
+does renew early — devices without an RTC should sync time before reporting (documented in docs/agent.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+__all__ = ["State", "Refused", "Commit", "ReportRequest", "OutboxRow", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    stream TEXT NOT NULL,
+    round_id TEXT NOT NULL,
+    epsilon REAL NOT NULL CHECK (epsilon > 0),
+    memo_key TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    mechanism TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ledger_stream_ts ON ledger (stream, ts);
+CREATE INDEX IF NOT EXISTS ledger_round ON ledger (round_id);
+CREATE TRIGGER IF NOT EXISTS ledger_append_only_u BEFORE UPDATE ON ledger
+    BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS ledger_append_only_d BEFORE DELETE ON ledger
+    BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END;
+CREATE TABLE IF NOT EXISTS memo (
+    key TEXT PRIMARY KEY,
+    stream TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    body TEXT NOT NULL,
+    epsilon REAL NOT NULL,
+    created REAL NOT NULL,
+    last_used REAL NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    payload BLOB,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'sent', 'rejected')),
+    stream TEXT NOT NULL,
+    round_id TEXT NOT NULL,
+    epsilon REAL NOT NULL CHECK (epsilon >= 0),
+    memo_key TEXT NOT NULL,
+    created REAL NOT NULL,
+    sent_at REAL
+);
+CREATE INDEX IF NOT EXISTS outbox_status_seq ON outbox (status, seq);
+CREATE TABLE IF NOT EXISTS rounding (dim TEXT PRIMARY KEY, state TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (round_id TEXT PRIMARY KEY, received REAL NOT NULL, status TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT '');
+"""
+
+
+class Refused(Exception):
+    """A report the device will not send. ``reason``: total_cap | stream_cap | round_budget | outbox_full."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A committed report: its sequence number, the ε it charged (0 on a memo hit) and its signed payload."""
+
+    seq: int
+    topic: str
+    payload: bytes
+    charged: float
+    memo_hit: bool
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """One stream's report for :meth:`State.commit_reports`. ``make_body()`` privatizes (memo miss only);
+    ``make_payload(seq, body)`` signs and returns ``(topic, payload)`` (it may raise :class:`Refused`)."""
+
+    stream: str
+    round_id: str
+    memo_key: str
+    spec: str
+    mechanism: str
+    epsilon: float
+    stream_cap: float
+    make_body: Callable[[], dict[str, Any]]
+    make_payload: Callable[[int, dict[str, Any]], tuple[str, bytes]]
+    round_cap: float | None = None
+    memoize: bool = True
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    seq: int
+    topic: str
+    payload: bytes
+
+
+class State:
+    """The agent's SQLite database. Not thread-safe: use it from one thread (the agent's)."""
+
+    def __init__(self, path: str | Path, timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS)
+        with self.transaction():
+            cur = self._get("schema_version")
+            if cur is None:
+                self._set("schema_version", SCHEMA_VERSION)
+            elif int(cur) != SCHEMA_VERSION:
+                raise RuntimeError(f"{self.path}: schema version {cur}, this agent understands {SCHEMA_VERSION}")
+
+    # --- plumbing -----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "State":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    class _Tx:
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def __enter__(self) -> sqlite3.Connection:
+            self.db.execute("BEGIN IMMEDIATE")
+            return self.db
+
+        def __exit__(self, exc_type: Any, *_: Any) -> None:
+            if exc_type is None:
+                self.db.execute("COMMIT")
+            else:
+                self.db.execute("ROLLBACK")
+
+    def transaction(self) -> "State._Tx":
+        """``with state.transaction():`` — one durable write transaction (BEGIN IMMEDIATE … COMMIT)."""
+        return State._Tx(self._db)
+
+    def _get(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else row[0]
+
+    def _set(self, key: str, value: Any) -> None:
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    def _add(self, key: str, delta: float) -> None:
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = value + excluded.value",
+            (key, delta),
+        )
+
+    # --- counters -----------------------------------------------------------------------------------------
+
+    def begin_boot(self) -> int:
+        """Increment and return the boot counter (call once at every start)."""
+        with self.transaction():
+            boot = int(self._get("boot", 0)) + 1
+            self._set("boot", boot)
+        return boot
+
+    @property
+    def boot(self) -> int:
+        return int(self._get("boot", 0))
+
+    @property
+    def next_seq(self) -> int:
+        return int(self._get("next_seq", 0))
+
+    def bump(self, counters: dict[str, int]) -> None:
+        """Add to status counters in one transaction (refusals, invalid records, clipping)."""
+        if not counters:
+            return
+        with self.transaction():
+            for k, v in counters.items():
+                self._add(f"count.{k}", int(v))
+
+    def counters(self) -> dict[str, int]:
+        rows = self._db.execute("SELECT key, value FROM meta WHERE key LIKE 'count.%' ORDER BY key").fetchall()
+        return {k[len("count.") :]: int(v) for k, v in rows}
+
+    # --- the report transaction ---------------------------------------------------------------------------
+
+    def commit_report(
+        self,
+        *,
+        total_cap: float,
+        renewal_period_s: float | None,
+        max_pending: int,
+        counters: dict[str, int] | None = None,
+        now: float | None = None,
+        **request: Any,
+    ) -> Commit:
+        """One report in its own transaction (see :meth:`commit_reports`); raises :class:`Refused`."""
+        (result,) = self.commit_reports(
+            [ReportRequest(**request)],
+            total_cap=total_cap,
+            renewal_period_s=renewal_period_s,
+            max_pending=max_pending,
+            counters=counters,
+            now=now,
+        )
+        if isinstance(result, Refused):
+            raise result
+        return result
+
+    def commit_reports(
+        self,
+        requests: list["ReportRequest"],
+        *,
+        total_cap: float,
+        renewal_period_s: float | None,
+        max_pending: int,
+        counters: dict[str, int] | None = None,
+        now: float | None = None,
+    ) -> list["Commit | Refused"]:
+        """Charge (or reuse), record and enqueue reports atomically — ONE transaction for the whole batch.
+
+        For each request, inside a SAVEPOINT: refuse if the outbox holds ``max_pending`` pending rows; look the
+        memo key up (hit: reuse the stored body, charge 0); on a miss check the caps (stream, total, round),
+        call ``make_body()`` (privatize), append the ledger charge and store the memo entry; then
+        ``make_payload(seq, body)`` signs the report and the outbox row and ``next_seq`` are written. A refused
+        request rolls back to its savepoint (nothing of it remains but the ``refused_<reason>`` counter) and the
+        others go on. The batch commits once (one fsync); a crash at any point leaves all of it or none of it.
+        Any other exception rolls the whole batch back and propagates.
+        """
+        now = time.time() if now is None else now
+        results: list[Commit | Refused] = []
+        with self.transaction() as db:
+            for k, v in (counters or {}).items():
+                self._add(f"count.{k}", int(v))
+            for i, req in enumerate(requests):
+                db.execute(f"SAVEPOINT r{i}")
+                try:
+                    results.append(self._commit_one(db, req, total_cap, renewal_period_s, max_pending, now))
+                except Refused as exc:
+                    db.execute(f"ROLLBACK TO SAVEPOINT r{i}")
+                    self._add(f"count.refused_{exc.reason}", 1)
+                    results.append(exc)
+                db.execute(f"RELEASE SAVEPOINT r{i}")
+        return results
+
+    def _commit_one(
+        self,
+        db: sqlite3.Connection,
+        req: "ReportRequest",
+        total_cap: float,
+        renewal_period_s: float | None,
+        max_pending: int,
+        now: float,
+    ) -> Commit:
+        pending = db.execute("SELECT COUNT(*) FROM outbox WHERE status = 'pending'").fetchone()[0]
+        if pending >= max_pending:
+            raise Refused("outbox_full", f"{pending} reports await acknowledgement (max {max_pending})")
+        row = db.execute("SELECT body FROM memo WHERE key = ?", (req.memo_key,)).fetchone() if req.memoize else None
+        seq = int(self._get("next_seq", 0))
+        if row is not None:
+            body = json.loads(row[0])
+            charged = 0.0
+            db.execute("UPDATE memo SET hits = hits + 1, last_used = ? WHERE key = ?", (now, req.memo_key))
+        else:
+            charged = float(req.epsilon)
+            self._check_caps(db, req.stream, req.round_id, charged, req.stream_cap, total_cap, req.round_cap,
+                             renewal_period_s, now)
+            body = req.make_body()
+            last_ts = db.execute("SELECT MAX(ts) FROM ledger").fetchone()[0]
+            db.execute(
+                "INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (max(now, last_ts or 0.0), req.stream, req.round_id, charged, req.memo_key, seq, req.mechanism),
+            )
+            if req.memoize:
+                db.execute(
+                    "INSERT INTO memo (key, stream, spec, body, epsilon, created, last_used) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (req.memo_key, req.stream, req.spec, json.dumps(body, sort_keys=True), charged, now, now),
+                )
+        topic, payload = req.make_payload(seq, body)
+        db.execute(
+            "INSERT INTO outbox (seq, topic, payload, status, stream, round_id, epsilon, memo_key, created) "
+            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
+            (seq, topic, payload, req.stream, req.round_id, charged, req.memo_key, now),
+        )
+        self._set("next_seq", seq + 1)
+        self._add("count.memo_hits" if row is not None else "count.charged_reports", 1)
+        return Commit(seq=seq, topic=topic, payload=payload, charged=charged, memo_hit=row is not None, body=body)
+
+    def _check_caps(
+        self,
+        db: sqlite3.Connection,
+        stream: str,
+        round_id: str,
+        eps: float,
+        stream_cap: float,
+        total_cap: float,
+        round_cap: float | None,
+        period: float | None,
+        now: float,
+    ) -> None:
+        tol = 1e-12
+        since = -float("inf") if period is None else now - period
+        spent_stream = db.execute(
+            "SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE stream = ? AND ts > ?", (stream, since)
+        ).fetchone()[0]
+        if spent_stream + eps > stream_cap + tol:
+            raise Refused("stream_cap", f"stream {stream!r} spent {spent_stream:.6g} + {eps:.6g} > cap {stream_cap:.6g}")
+        spent_total = db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE ts > ?", (since,)).fetchone()[0]
+        if spent_total + eps > total_cap + tol:
+            raise Refused("total_cap", f"spent {spent_total:.6g} + {eps:.6g} > total cap {total_cap:.6g}")
+        if round_cap is not None:
+            spent_round = db.execute(
+                "SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE round_id = ?", (round_id,)
+            ).fetchone()[0]
+            if spent_round + eps > round_cap + tol:
+                raise Refused("round_budget", f"round {round_id!r} spent {spent_round:.6g} + {eps:.6g} > {round_cap:.6g}")
+
+    # --- outbox -------------------------------------------------------------------------------------------
+
+    def pending(self, after_seq: int = -1, limit: int = 100) -> list[OutboxRow]:
+        """Pending reports with ``seq > after_seq`` in sequence order."""
+        rows = self._db.execute(
+            "SELECT seq, topic, payload FROM outbox WHERE status = 'pending' AND seq > ? ORDER BY seq LIMIT ?",
+            (after_seq, limit),
+        ).fetchall()
+        return [OutboxRow(int(s), t, bytes(p)) for s, t, p in rows]
+
+    def pending_count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM outbox WHERE status = 'pending'").fetchone()[0])
+
+    def mark_sent(self, seqs: list[int], status: str = "sent", now: float | None = None) -> int:
+        """Mark outbox rows acknowledged (payload dropped: the broker has it). Returns rows changed."""
+        if not seqs:
+            return 0
+        if status not in ("sent", "rejected"):
+            raise ValueError(f"status must be sent or rejected, got {status!r}")
+        now = time.time() if now is None else now
+        with self.transaction() as db:
+            n = 0
+            for s in seqs:
+                n += db.execute(
+                    "UPDATE outbox SET status = ?, sent_at = ?, payload = NULL WHERE seq = ? AND status = 'pending'",
+                    (status, now, int(s)),
+                ).rowcount
+        return n
+
+    def compact(self, keep_sent: int) -> int:
+        """Fold all but the newest ``keep_sent`` sent/rejected outbox rows into ``compacted_*`` totals."""
+        with self.transaction() as db:
+            rows = db.execute(
+                "SELECT seq, epsilon FROM outbox WHERE status != 'pending' ORDER BY seq DESC LIMIT -1 OFFSET ?",
+                (keep_sent,),
+            ).fetchall()
+            if not rows:
+                return 0
+            self._add("compacted_count", len(rows))
+            self._add("compacted_epsilon", float(sum(e for _, e in rows)))
+            db.executemany("DELETE FROM outbox WHERE seq = ?", [(s,) for s, _ in rows])
+        return len(rows)
+
+    # --- rounding state and rounds ------------------------------------------------------------------------
+
+    def load_rounding(self) -> dict[str, dict[str, Any]]:
+        return {d: json.loads(s) for d, s in self._db.execute("SELECT dim, state FROM rounding").fetchall()}
+
+    def save_rounding(self, states: dict[str, dict[str, Any]]) -> None:
+        with self.transaction() as db:
+            db.executemany(
+                "INSERT INTO rounding (dim, state) VALUES (?, ?) ON CONFLICT(dim) DO UPDATE SET state = excluded.state",
+                [(d, json.dumps(s, sort_keys=True)) for d, s in states.items()],
+            )
+
+    def round_seen(self, round_id: str) -> str | None:
+        row = self._db.execute("SELECT status FROM rounds WHERE round_id = ?", (round_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def record_round(self, round_id: str, status: str, detail: str = "", now: float | None = None) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO rounds (round_id, received, status, detail) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(round_id) DO UPDATE SET status = excluded.status, detail = excluded.detail",
+                (round_id, time.time() if now is None else now, status, detail),
+            )
+
+    # --- inspection ---------------------------------------------------------------------------------------
+
+    def ledger_rows(self, stream: str | None = None, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        sql = "SELECT id, ts, stream, round_id, epsilon, memo_key, seq, mechanism FROM ledger"
+        args: list[Any] = []
+        if stream:
+            sql += " WHERE stream = ?"
+            args.append(stream)
+        sql += " ORDER BY id DESC"
+        if limit:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        cols = ("id", "ts", "stream", "round_id", "epsilon", "memo_key", "seq", "mechanism")
+        rows = self._db.execute(sql, args).fetchall()
+        for row in reversed(rows):
+            yield dict(zip(cols, row))
+
+    def spent(self, stream: str | None = None, since: float | None = None) -> float:
+        sql, args = "SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE ts > ?", [since if since is not None else -1e300]
+        if stream is not None:
+            sql += " AND stream = ?"
+            args.append(stream)
+        return float(self._db.execute(sql, args).fetchone()[0])
+
+    def spent_by_stream(self) -> dict[str, float]:
+        rows = self._db.execute("SELECT stream, SUM(epsilon) FROM ledger GROUP BY stream ORDER BY stream").fetchall()
+        return {s: float(e) for s, e in rows}
+
+    def outbox_totals(self) -> dict[str, Any]:
+        rows = self._db.execute(
+            "SELECT status, COUNT(*), COALESCE(SUM(epsilon), 0) FROM outbox GROUP BY status"
+        ).fetchall()
+        out: dict[str, Any] = {s: {"count": int(c), "epsilon": float(e)} for s, c, e in rows}
+        out["compacted"] = {
+            "count": int(self._get("compacted_count", 0)),
+            "epsilon": float(self._get("compacted_epsilon", 0.0)),
+        }
+        return out
+
+    def check_invariants(self) -> dict[str, Any]:
+        """Ledger total versus the ε of every report ever enqueued (pending, sent, rejected, compacted)."""
+        ledger_total = self.spent()
+        outbox = self.outbox_totals()
+        reports_total = sum(v["epsilon"] for v in outbox.values())
+        orphan = self._db.execute(
+            "SELECT COUNT(*) FROM ledger l WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.seq = l.seq) "
+            "AND l.seq >= (SELECT COALESCE(MIN(seq), 0) FROM outbox)"
+        ).fetchone()[0]
+        return {
+            "ledger_total": ledger_total,
+            "reports_total": reports_total,
+            "orphan_charges": int(orphan),
+            "ok": abs(ledger_total - reports_total) <= 1e-9 * max(1.0, ledger_total) and orphan == 0,
+        }
+
+    def integrity_check(self) -> list[str]:
+        """``PRAGMA integrity_check``: ``["ok"]`` for a sound database."""
+        return [r[0] for r in self._db.execute("PRAGMA integrity_check").fetchall()]
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "boot": self.boot,
+            "next_seq": self.next_seq,
+            "spent_total": self.spent(),
+            "spent_by_stream": self.spent_by_stream(),
+            "outbox": self.outbox_totals(),
+            "memo_entries": int(self._db.execute("SELECT COUNT(*) FROM memo").fetchone()[0]),
+            "counters": self.counters(),
+            "rounds": dict(self._db.execute("SELECT status, COUNT(*) FROM rounds GROUP BY status").fetchall()),
+        }

@@ -1,0 +1,264 @@
+"""MQTT transport: paho-mqtt ≥ 2.1 (callback API v2), MQTT 5 with a 3.1.1 fallback, QoS 1, persistent session.
+
+Delivery contract (at-least-once, in order):
+
+* The agent hands pending outbox rows to :meth:`MqttTransport.submit` in sequence order, at most
+  ``max_inflight`` unacknowledged at a time. paho keeps every submitted message until its PUBACK and resends it
+  (DUP) after a reconnect; a row is marked ``sent`` in the outbox only when its PUBACK arrives
+  (``on_publish(mid)`` → :meth:`take_acks`). After a process restart every ``pending`` row is submitted again, so
+  a report may appear twice on the wire — consumers dedupe by ``(device_id, seq)``.
+* Callbacks run on paho's network thread. They never touch the database: they append to thread-safe deques
+  (acks, incoming round configs) and set ``wake`` so the agent's thread does the durable work.
+* Session: ``clean_start=False`` with a Session Expiry Interval (MQTT 5), ``clean_session=False`` (3.1.1); the
+  client id is the device id. Last will: retained ``{"state": "offline"}`` on ``wire.status_topic(device)``; on
+  connect the agent publishes a retained ``online`` status. Reconnects back off from ``reconnect_min_s`` to
+  ``reconnect_max_s`` (paho's exponential backoff).
+* ``protocol = "auto"`` starts with MQTT 5 and switches to 3.1.1 for good when the broker refuses the protocol
+  version (CONNACK "unsupported protocol version" / 3.1.1 return code 1, or a closed connection before any
+  CONNACK, twice in a row).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from protocols import wire
+
+from .config import MqttConfig
+from .state import OutboxRow
+
+__all__ = ["MqttTransport"]
+
+log = logging.getLogger("haarvest.agent.transport")
+
+_UNSUPPORTED_VERSION = {1, 0x84, 132}
+
+
+class MqttTransport:
+    """One device's MQTT connection (one paho client, one paho network thread)."""
+
+    def __init__(self, cfg: MqttConfig, device_id: str, wake: threading.Event | None = None) -> None:
+        self.cfg = cfg
+        self.device_id = device_id
+        self.wake = wake or threading.Event()
+        self.protocol = mqtt.MQTTv311 if cfg.protocol == "3.1.1" else mqtt.MQTTv5
+        self._acks: deque[tuple[int, bool]] = deque()  # (mid, accepted)
+        self._rounds: deque[bytes] = deque()
+        self._mid_seq: dict[int, int] = {}
+        self._inflight: set[int] = set()  # seqs handed to paho, not yet acked
+        self.last_submitted = -1
+        self.connected = threading.Event()
+        self.connects = 0
+        self.disconnects = 0
+        self._version_failures = 0
+        self._status_extra: dict[str, Any] = {}
+        self._client: mqtt.Client | None = None
+        self._stopping = False
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+
+    def _make_client(self) -> mqtt.Client:
+        cfg = self.cfg
+        client = mqtt.Client(
+            callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+            client_id=cfg.client_id or self.device_id,
+            protocol=self.protocol,
+            clean_session=False if self.protocol == mqtt.MQTTv311 else None,
+            reconnect_on_failure=True,
+        )
+        client.max_inflight_messages_set(cfg.max_inflight)
+        client.max_queued_messages_set(0)
+        client.reconnect_delay_set(cfg.reconnect_min_s, cfg.reconnect_max_s)
+        if cfg.tls:
+            client.tls_set(
+                ca_certs=str(cfg.ca_file) if cfg.ca_file else None,
+                certfile=str(cfg.cert_file) if cfg.cert_file else None,
+                keyfile=str(cfg.key_file) if cfg.key_file else None,
+                cert_reqs=ssl.CERT_REQUIRED,
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,
+            )
+        if cfg.username:
+            password = cfg.password_file.read_text().strip() if cfg.password_file else None
+            client.username_pw_set(cfg.username, password)
+        client.will_set(
+            wire.status_topic(self.device_id),
+            json.dumps({"device_id": self.device_id, "state": "offline", "clean": False}),
+            qos=1,
+            retain=True,
+        )
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        return client
+
+    def start(self, status: dict[str, Any] | None = None) -> None:
+        """Connect asynchronously and start paho's network thread (returns at once; connection in background)."""
+        self._status_extra = dict(status or {})
+        self._stopping = False
+        self._client = self._make_client()
+        props = None
+        kwargs: dict[str, Any] = {}
+        if self.protocol == mqtt.MQTTv5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = int(self.cfg.session_expiry_s)
+            kwargs = {"clean_start": False, "properties": props}
+        self._client.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive, **kwargs)
+        self._client.loop_start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Publish a clean ``offline`` status, disconnect and stop the network thread."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        self._stopping = True
+        try:
+            if self.connected.is_set():
+                info = client.publish(
+                    wire.status_topic(self.device_id),
+                    json.dumps({"device_id": self.device_id, "state": "offline", "clean": True}),
+                    qos=1,
+                    retain=True,
+                )
+                deadline = time.monotonic() + timeout
+                while not info.is_published() and time.monotonic() < deadline and self.connected.is_set():
+                    time.sleep(0.01)
+            client.disconnect()
+        finally:
+            client.loop_stop()
+            self.connected.clear()
+
+    def kill(self) -> None:
+        """Drop the connection without a clean goodbye (tests: simulate a crash; the will is published)."""
+        client, self._client = self._client, None
+        if client is not None:
+            self._stopping = True
+            try:
+                sock = client.socket()
+                if sock is not None:
+                    sock.close()
+            finally:
+                client.loop_stop()
+            self.connected.clear()
+
+    # --- paho callbacks (network thread) ------------------------------------------------------------------
+
+    def _on_connect(self, client: mqtt.Client, _u: Any, flags: Any, reason: Any, _p: Any) -> None:
+        code = getattr(reason, "value", reason)
+        if getattr(reason, "is_failure", False) or (isinstance(code, int) and code != 0):
+            log.warning("mqtt connect refused", extra={"event": "mqtt_refused", "reason": str(reason)})
+            if self.cfg.protocol == "auto" and self.protocol == mqtt.MQTTv5 and code in _UNSUPPORTED_VERSION:
+                self._version_failures += 2
+                self.wake.set()
+            return
+        self._version_failures = 0
+        self.connects += 1
+        self.connected.set()
+        client.subscribe(wire.ROUNDS_CURRENT_TOPIC, qos=1)
+        client.publish(
+            wire.status_topic(self.device_id),
+            json.dumps({"device_id": self.device_id, "state": "online", **self._status_extra}),
+            qos=1,
+            retain=True,
+        )
+        log.info(
+            "mqtt connected",
+            extra={"event": "mqtt_connected", "session_present": bool(getattr(flags, "session_present", False)),
+                   "protocol": "5" if self.protocol == mqtt.MQTTv5 else "3.1.1"},
+        )
+        self.wake.set()
+
+    def _on_disconnect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
+        was = self.connected.is_set()
+        self.connected.clear()
+        if not was and self.cfg.protocol == "auto" and self.protocol == mqtt.MQTTv5 and not self._stopping:
+            self._version_failures += 1  # closed before any CONNACK: maybe a 3.1.1-only broker
+        if was:
+            self.disconnects += 1
+        if not self._stopping:
+            log.warning("mqtt disconnected", extra={"event": "mqtt_disconnected", "reason": str(reason)})
+        self.wake.set()
+
+    def _on_publish(self, _c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
+        self._acks.append((mid, not getattr(reason, "is_failure", False)))
+        self.wake.set()
+
+    def _on_message(self, _c: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        if msg.topic == wire.ROUNDS_CURRENT_TOPIC:
+            self._rounds.append(bytes(msg.payload))
+            self.wake.set()
+
+    # --- agent thread -------------------------------------------------------------------------------------
+
+    def maybe_fallback(self) -> bool:
+        """Switch to MQTT 3.1.1 after repeated protocol-version failures (agent thread). True if it switched."""
+        if self.cfg.protocol == "auto" and self.protocol == mqtt.MQTTv5 and self._version_failures >= 2:
+            log.warning("broker refuses MQTT 5; falling back to 3.1.1", extra={"event": "mqtt_fallback"})
+            old = self._client
+            self._client = None
+            if old is not None:
+                self._stopping = True
+                old.disconnect()
+                old.loop_stop()
+            self.protocol = mqtt.MQTTv311
+            self._mid_seq.clear()
+            self._inflight.clear()
+            self.last_submitted = -1  # resubmit everything pending on the new client
+            self.start(self._status_extra)
+            return True
+        return False
+
+    def capacity(self) -> int:
+        return max(0, self.cfg.max_inflight - len(self._inflight))
+
+    def submit(self, rows: list[OutboxRow]) -> int:
+        """Hand outbox rows (in seq order) to paho; returns how many were queued."""
+        client = self._client
+        if client is None:
+            return 0
+        n = 0
+        for row in rows:
+            if row.seq <= self.last_submitted or row.seq in self._inflight:
+                continue
+            info = client.publish(row.topic, row.payload, qos=1)
+            if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+                log.warning("publish not queued", extra={"event": "publish_error", "seq": row.seq, "rc": int(info.rc)})
+                break
+            self._mid_seq[info.mid] = row.seq
+            self._inflight.add(row.seq)
+            self.last_submitted = row.seq
+            n += 1
+        return n
+
+    def take_acks(self) -> tuple[list[int], list[int]]:
+        """(acknowledged seqs, rejected seqs) since the last call. Acks of status messages are ignored."""
+        sent: list[int] = []
+        rejected: list[int] = []
+        while self._acks:
+            mid, ok = self._acks.popleft()
+            seq = self._mid_seq.pop(mid, None)
+            if seq is None:
+                continue
+            self._inflight.discard(seq)
+            (sent if ok else rejected).append(seq)
+        return sent, rejected
+
+    def take_rounds(self) -> list[bytes]:
+        out = []
+        while self._rounds:
+            out.append(self._rounds.popleft())
+        return out
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
