@@ -1,0 +1,292 @@
+"""DDRM — continual frequency estimation of a binary stream with a difference tree (Xue et al., "DDRM: a continual
+frequency estimation mechanism with local differential privacy", IEEE TKDE 2022; thesis §3-2-3), SPEC §3.12.
+
+Each device holds x_t ∈ {0, 1} for t = 1..T (x_0 = 0). Over the time axis sits a dyadic tree: the node at level
+j with index i covers ((i-1)·2^j, i·2^j] and its value is the difference x_{i·2^j} - x_{(i-1)·2^j} ∈ {-1, 0, 1};
+it is released at time i·2^j (levels 0..⌊log2 T⌋, fewer than 2T nodes). The device reports every node:
+
+* zero difference: r = ±1 with probability 1/2 each (independent of everything: no budget);
+* non-zero v ∈ {-1, 1}: r = +1 w.p. 1/2 + (v/2)(e^ε-1)/(e^ε+1) — ε-LDP against the other sign; against a zero
+  difference the ratio is 2e^ε/(e^ε+1) one way and (e^ε+1)/2 the other (their product is e^ε);
+* at most ``max_nonzero`` non-zero nodes per device: later non-zero nodes are reported as zeros (fair coins), a
+  documented bias that only devices changing more than the declared number of times incur. One change of x makes
+  every node whose interval straddles it non-zero — up to ⌊log2 T⌋+1 nodes — so choose
+  max_nonzero ≥ (changes allowed)·(⌊log2 T⌋+1) (:meth:`DDRM.for_changes`).
+
+Reports are independent across nodes given the stream, so the exact worst case of ln P[transcript | a]/P[· | b]
+is Σ_nodes c(v_a, v_b) with c = ε for opposite non-zero values, c1 = ln(2e^ε/(e^ε+1)) when only v_a is non-zero,
+c0 = ln((e^ε+1)/2) when only v_b is, 0 when equal. Since c0 + c1 = ε, with A, B the non-zero nodes,
+c1|A∖B| + c0|B∖A| + ε|opposite| ≤ c1|A| + c0|B| ≤ ε·max(|A|, |B|): the loss is at most max(charged(a), charged(b))
+when a device is charged ε per non-zero node it reports, and at most max_nonzero·ε overall.
+
+Server: E[r | v] = v/c with c = (e^ε+1)/(e^ε-1), so c·mean(r) is unbiased for a node's mean difference, and the
+fraction of ones at time t is the sum over the dyadic decomposition of (0, t] (the set bits of t) — at most
+⌊log2 t⌋+1 nodes, per-user variance Σ_nodes (c² - E[v²]) ≤ popcount(t)·c².
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from protocols.base import check_epsilon, check_int, os_rng
+from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
+from protocols.longitudinal.memo import LongitudinalReport, MemoStyle
+
+__all__ = ["DDRM", "DDRMClient"]
+
+
+class DDRM(LongitudinalProtocol):
+    """DDRM over horizon T with per-node budget ε and at most ``max_nonzero`` non-zero reports per device."""
+
+    name = "DDRM"
+
+    def __init__(self, epsilon: float, horizon: int, max_nonzero: int) -> None:
+        self.epsilon_inf = self.epsilon_1 = check_epsilon(epsilon)
+        self.horizon = check_int(horizon, "horizon", 1)
+        self.max_nonzero = check_int(max_nonzero, "max_nonzero", 1)
+        self.levels = self.horizon.bit_length()  # levels 0 .. levels-1 (2^(levels-1) <= T)
+        ends, levels = [], []
+        for t in range(1, self.horizon + 1):
+            for j in range(self.levels):
+                if t % (1 << j) == 0:
+                    ends.append(t)
+                    levels.append(j)
+        self.node_end = np.asarray(ends, dtype=np.int64)
+        self.node_level = np.asarray(levels, dtype=np.int64)
+        self.node_start = self.node_end - (1 << self.node_level)
+        self._index = {(int(j), int(e)): i for i, (j, e) in enumerate(zip(self.node_level, self.node_end))}
+        self.released_by = np.searchsorted(self.node_end, np.arange(self.horizon + 1), side="right")
+        e = math.exp(self.epsilon_inf)
+        self.c = (e + 1) / (e - 1)
+        self.cost_nonzero_vs_zero = math.log(2 * e / (e + 1))
+        self.cost_zero_vs_nonzero = math.log((e + 1) / 2)
+
+    @classmethod
+    def for_changes(cls, epsilon: float, horizon: int, changes: int) -> DDRM:
+        """DDRM that never truncates a stream with at most ``changes`` value changes: max_nonzero = changes·levels."""
+        levels = check_int(horizon, "horizon", 1).bit_length()
+        return cls(epsilon, horizon, check_int(changes, "changes", 1) * levels)
+
+    def params(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon_inf, "horizon": self.horizon, "max_nonzero": self.max_nonzero}
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.node_end.size)
+
+    @property
+    def n_slots(self) -> int:
+        return 0
+
+    @property
+    def irr_input_epsilon(self) -> float:
+        return self.epsilon_inf
+
+    def longitudinal_bound(self, n_distinct: int | None = None) -> float:
+        """max_nonzero · ε (``n_distinct``, if given, caps the number of non-zero nodes instead)."""
+        cap = self.max_nonzero if n_distinct is None else min(self.max_nonzero, check_int(n_distinct, "n_distinct", 0))
+        return self.epsilon_inf * cap
+
+    def _check_stream(self, values: Any, time_axis: bool = True) -> np.ndarray:
+        arr = np.asarray(values)
+        if arr.size and not np.all((arr == 0) | (arr == 1)):
+            raise ValueError("DDRM streams are binary (0/1)")
+        if time_axis and (arr.ndim == 0 or arr.shape[-1] > self.horizon):
+            raise ValueError(f"streams are longer than the horizon T={self.horizon}")
+        return arr.astype(np.int64)
+
+    def node_values(self, streams: Any) -> np.ndarray:
+        """Effective node values (…, nodes released by len(stream)) after the max_nonzero truncation."""
+        x = self._check_stream(streams)
+        t = x.shape[-1]
+        padded = np.concatenate([np.zeros(x.shape[:-1] + (1,), dtype=np.int64), x], axis=-1)
+        m = int(self.released_by[t])
+        v = padded[..., self.node_end[:m]] - padded[..., self.node_start[:m]]
+        allowed = np.cumsum(v != 0, axis=-1) <= self.max_nonzero
+        return np.where(allowed, v, 0)
+
+    def charged_total(self, values: Any, **device: Any) -> float:
+        """ε per non-zero node reported (after truncation)."""
+        return self.epsilon_inf * int(np.count_nonzero(self.node_values(np.asarray(values).ravel())))
+
+    def transcript_epsilon_bound(self, values_a: Any, values_b: Any, **device: Any) -> float:
+        """Exact worst-case log-likelihood ratio between the transcripts of two streams (module docstring)."""
+        a, b = np.asarray(values_a).ravel(), np.asarray(values_b).ravel()
+        if a.shape != b.shape or a.size == 0:
+            raise ValueError("both streams must be non-empty and of equal length")
+        va, vb = self.node_values(a), self.node_values(b)
+        opposite = int(np.count_nonzero((va * vb) < 0))
+        only_a = int(np.count_nonzero((va != 0) & (vb == 0)))
+        only_b = int(np.count_nonzero((va == 0) & (vb != 0)))
+        c1, c0 = self.cost_nonzero_vs_zero, self.cost_zero_vs_nonzero
+        directions = (c1 * only_a + c0 * only_b, c0 * only_a + c1 * only_b)
+        return float(self.epsilon_inf * opposite + max(directions))
+
+    def _report_bits(self, v: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        prob = 0.5 + 0.5 * v / self.c
+        return np.where(rng.random(v.shape) < prob, 1, -1).astype(np.int8)
+
+    def privatize_stream(self, streams: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """All nodes at once for streams (n, t): reports (n, nodes released by t) in ±1, charges (n, t)."""
+        x = self._check_stream(streams)
+        if x.ndim != 2:
+            raise ValueError("streams must have shape (n, t)")
+        v = self.node_values(x)
+        reports = self._report_bits(v, rng)
+        charges = np.zeros(x.shape, dtype=float)
+        ends = self.node_end[: v.shape[1]] - 1
+        np.add.at(charges.T, ends, (v != 0).T * self.epsilon_inf)
+        return reports, charges
+
+    # per-round fleet simulation -------------------------------------------------------------------------------
+    def new_fleet(self, n: int, rng: np.random.Generator, **fixed: Any) -> FleetState:
+        if fixed:
+            raise ValueError(f"DDRM has no per-device parameters to fix, got {sorted(fixed)}")
+        n = check_int(n, "n", 1)
+        fleet = FleetState(keys=np.zeros(n, dtype=np.uint64), seen=np.zeros((n, 0), dtype=bool), spent=np.zeros(n))
+        fleet.aux["last"] = np.zeros((n, self.levels), dtype=np.int64)
+        fleet.aux["used"] = np.zeros(n, dtype=np.int64)
+        return fleet
+
+    def privatize_round(
+        self, values: Any, fleet: FleetState, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Reports (n, number of nodes released at this time) in ±1, ordered by level; charges (n,)."""
+        x = self._check_stream(values, time_axis=False)
+        if x.shape != (fleet.n,):
+            raise ValueError(f"expected one bit per device, shape ({fleet.n},), got {x.shape}")
+        t = fleet.rounds + 1
+        if t > self.horizon:
+            raise ValueError(f"horizon T={self.horizon} exhausted")
+        levels = [j for j in range(self.levels) if t % (1 << j) == 0]
+        last, used = fleet.aux["last"], fleet.aux["used"]
+        cols = []
+        for j in levels:  # at most log2(T)+1 levels: a loop over tree levels, vectorised over devices
+            v = x - last[:, j]
+            nonzero = v != 0
+            allowed = nonzero & (used < self.max_nonzero)
+            used += allowed
+            cols.append(np.where(allowed, v, 0))
+            last[:, j] = x
+        v_eff = np.stack(cols, axis=1)
+        charges = np.count_nonzero(v_eff, axis=1) * self.epsilon_inf
+        fleet.spent += charges
+        fleet.rounds = t
+        return self._report_bits(v_eff, rng), charges
+
+    def estimate(self, reports: Any) -> np.ndarray:
+        """Fractions of ones at t = 1..t_max from reports (n, nodes released by t_max) (concatenated rounds)."""
+        r = np.asarray(reports, dtype=float)
+        if r.ndim != 2 or r.shape[0] == 0:
+            raise ValueError("reports must have shape (n, nodes) with n >= 1")
+        m = r.shape[1]
+        t_max = int(np.searchsorted(self.released_by, m, side="right")) - 1
+        if t_max < 1 or self.released_by[t_max] != m:
+            raise ValueError(f"{m} node columns do not match the nodes released by any time 1..{self.horizon}")
+        node_mean = self.c * r.mean(axis=0)
+        out = np.zeros(t_max)
+        for t in range(1, t_max + 1):
+            out[t - 1] = node_mean[self.prefix_nodes(t)].sum()
+        return out
+
+    def prefix_nodes(self, t: int) -> list[int]:
+        """Indices of the nodes whose intervals partition (0, t] (one per set bit of t)."""
+        t = check_int(t, "t", 1, self.horizon)
+        out, start = [], 0
+        for j in range(self.levels - 1, -1, -1):
+            if t & (1 << j):
+                out.append(self._index[(j, start + (1 << j))])
+                start += 1 << j
+        return out
+
+    def estimate_round(self, reports: Any) -> float:
+        """Fraction of ones at the latest time covered by ``reports`` (all rounds so far, concatenated)."""
+        return float(self.estimate(reports)[-1])
+
+    def variance(self, t: int, node_sq_means: Any = None) -> float:
+        """Per-user variance of the estimate at time t: Σ_nodes (c² - E[v²]) (upper bound popcount(t)·c²)."""
+        nodes = self.prefix_nodes(t)
+        if node_sq_means is None:
+            return len(nodes) * self.c**2
+        sq = np.asarray(node_sq_means, dtype=float)
+        return float(np.sum(self.c**2 - sq[nodes]))
+
+    def simulate_rounds(self, values: Any, rng: np.random.Generator, fleet: FleetState | None = None, **fixed: Any):
+        raise NotImplementedError("use privatize_stream / estimate (or privatize_round per time step) for DDRM")
+
+    def client(
+        self,
+        *,
+        secret: bytes | str | None = None,
+        stream: str = "default",
+        memo_style: MemoStyle = "stateless",
+        rng: np.random.Generator | None = None,
+    ) -> DDRMClient:
+        return DDRMClient(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng)
+
+
+class DDRMClient(LongitudinalClient):
+    """Device side of DDRM: ``report(bit)`` returns the ±1 reports (int8 array) of the nodes released now.
+
+    The charge is ε per non-zero node reported; there is no memo (``memo_key`` is None). State: time, the stream
+    value at the last boundary of every level, non-zero reports used.
+    """
+
+    protocol: DDRM
+
+    def __init__(self, protocol: DDRM, **kwargs: Any) -> None:
+        super().__init__(protocol, **kwargs)
+        self.t = 0
+        self.last = [0] * protocol.levels
+        self.used = 0
+
+    def _slot(self, value: Any) -> Any:  # pragma: no cover - DDRM does not memoize
+        raise NotImplementedError
+
+    def _draw_prr(self, slot: Any, gen: np.random.Generator) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def _irr(self, prr: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def spent(self) -> float:
+        return self.protocol.epsilon_inf * self.used
+
+    def report(self, value: Any) -> LongitudinalReport:
+        if isinstance(value, bool) or value not in (0, 1):
+            raise ValueError(f"DDRM reports bits (0 or 1), got {value!r}")
+        x = int(value)
+        if self.t >= self.protocol.horizon:
+            raise ValueError(f"horizon T={self.protocol.horizon} exhausted")
+        self.t += 1
+        values = []
+        for j in range(self.protocol.levels):
+            if self.t % (1 << j):
+                continue
+            v = x - self.last[j]
+            if v != 0 and self.used < self.protocol.max_nonzero:
+                self.used += 1
+            else:
+                v = 0
+            values.append(v)
+            self.last[j] = x
+        v_arr = np.asarray(values, dtype=np.int64)
+        charge = self.protocol.epsilon_inf * int(np.count_nonzero(v_arr))
+        return LongitudinalReport(self.protocol._report_bits(v_arr, self.rng), charge, None, charge > 0)
+
+    def _device_state(self) -> dict[str, Any]:
+        return {"t": self.t, "last": list(self.last), "used": self.used}
+
+    def _load_device_state(self, state: dict[str, Any]) -> None:
+        if set(state) != {"t", "last", "used"}:
+            raise ValueError("DDRM device state must contain 't', 'last' and 'used'")
+        last = [int(v) for v in state["last"]]
+        if len(last) != self.protocol.levels or any(v not in (0, 1) for v in last):
+            raise ValueError("DDRM state 'last' must hold one bit per tree level")
+        self.t = check_int(state["t"], "t", 0, self.protocol.horizon)
+        self.used = check_int(state["used"], "used", 0, self.protocol.max_nonzero)
+        self.last = last

@@ -1,0 +1,281 @@
+"""RAPPOR (Erlingsson, Pihur & Korolova, "RAPPOR: randomized aggregatable privacy-preserving ordinal response",
+ACM CCS 2014), SPEC §3.9.
+
+Client (cohort c ∈ [m] drawn for life): the value is hashed into a Bloom filter B of ``num_bits`` bits with
+``num_hashes`` = h cohort-specific hash functions (SHA-256 of cohort ‖ index ‖ value). PRR, memoized per value:
+B'_i = 1 w.p. f/2, 0 w.p. f/2, B_i w.p. 1 - f — its randomness derived from HMAC-SHA256(secret, value), so no
+table is needed. IRR, fresh per report: S_i = 1 w.p. q if B'_i = 1, p if B'_i = 0.
+
+Privacy (paper, §4): ε∞ = 2h ln((1 - f/2)/(f/2)); one report is ε1 = h ln(q*(1 - p*)/(p*(1 - q*))) with
+q* = P[S_i = 1 | B_i = 1] = (f/2)(p + q) + (1 - f) q and p* = P[S_i = 1 | B_i = 0] = (f/2)(p + q) + (1 - f) p.
+
+Decoder: per cohort c with N_c reports and bit counts c_{c,i}, the de-noised count of true Bloom bits is
+t̂_{c,i} = (c_{c,i} - (p + (q - p) f/2) N_c) / ((1 - f)(q - p))  (unbiased). With X_c[i, v] = 1 when candidate
+v sets bit i in cohort c, E[t̂_c] = X_c N_{c,·}; under random cohorts E[N_{c,v} | cohort sizes] = N_c N_v / N,
+so the counts N_v solve the stacked regression t̂ ≈ [X_c · N_c/N]_c β. We solve it with non-negative least
+squares (scipy.optimize.nnls, the default) or ordinary least squares (``method="lstsq"``, unbiased when the
+design has full column rank). Frequencies are β/N.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
+from scipy.optimize import nnls
+
+from protocols.base import check_categories, check_int
+from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
+from protocols.longitudinal.grr import check_category
+from protocols.longitudinal.memo import MemoStyle, encode_value
+from protocols.longitudinal.prf import prf_uniform
+
+__all__ = ["RAPPOR", "RAPPORClient", "RapporReports", "bloom_indices"]
+
+_STREAM_PRR = 401
+_BLOOM_DOMAIN = b"haarvest/rappor-bloom/v1\x00"
+
+
+class RapporReports(NamedTuple):
+    """A batch of RAPPOR reports: each user's cohort (n,) and reported bits (n, num_bits) uint8."""
+
+    cohorts: np.ndarray
+    bits: np.ndarray
+
+
+def _prob(x: Any, name: str) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a probability, got {x!r}") from None
+    if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+        raise ValueError(f"{name} must lie in [0, 1], got {x!r}")
+    return v
+
+
+def bloom_indices(value_bytes: bytes, cohort: int, num_bits: int, num_hashes: int) -> list[int]:
+    """The h Bloom bit positions of an encoded value in a cohort: SHA-256(domain ‖ cohort ‖ j ‖ value) mod num_bits."""
+    out = []
+    for j in range(num_hashes):
+        digest = hashlib.sha256(
+            _BLOOM_DOMAIN + int(cohort).to_bytes(4, "big") + j.to_bytes(2, "big") + bytes(value_bytes)
+        ).digest()
+        out.append(int.from_bytes(digest[:8], "big") % num_bits)
+    return out
+
+
+class RAPPOR(LongitudinalProtocol):
+    """RAPPOR with Bloom filter size ``num_bits`` (the paper's k), ``num_hashes`` (h), ``num_cohorts`` (m), f, p, q.
+
+    ``domain_size`` (optional) declares the candidate values 0..domain_size-1 used by the fleet simulator and as
+    the decoder's default candidate list; device clients accept any encodable value (int, str, bytes) otherwise.
+    """
+
+    name = "RAPPOR"
+
+    def __init__(
+        self,
+        num_bits: int = 128,
+        num_hashes: int = 2,
+        num_cohorts: int = 32,
+        f: float = 0.5,
+        p: float = 0.5,
+        q: float = 0.75,
+        domain_size: int | None = None,
+    ) -> None:
+        self.num_bits = check_int(num_bits, "num_bits", 1)
+        self.num_hashes = check_int(num_hashes, "num_hashes", 1, self.num_bits)
+        self.num_cohorts = check_int(num_cohorts, "num_cohorts", 1)
+        self.f, self.p, self.q = _prob(f, "f"), _prob(p, "p"), _prob(q, "q")
+        if not 0.0 < self.f < 1.0:
+            raise ValueError(f"f must lie in (0, 1) (f = 0 gives no permanent privacy, f = 1 no signal), got {f}")
+        if not self.p < self.q:
+            raise ValueError(f"RAPPOR needs p < q (q is the IRR's P[S=1 | B'=1]), got p={p}, q={q}")
+        self.domain_size = None if domain_size is None else check_int(domain_size, "domain_size", 1)
+        self.epsilon_inf = 2 * self.num_hashes * math.log((1 - self.f / 2) / (self.f / 2))
+        q_star = 0.5 * self.f * (self.p + self.q) + (1 - self.f) * self.q
+        p_star = 0.5 * self.f * (self.p + self.q) + (1 - self.f) * self.p
+        self.q_star, self.p_star = q_star, p_star
+        self.epsilon_1 = self.num_hashes * math.log(q_star * (1 - p_star) / (p_star * (1 - q_star)))
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "num_bits": self.num_bits,
+            "num_hashes": self.num_hashes,
+            "num_cohorts": self.num_cohorts,
+            "f": self.f,
+            "p": self.p,
+            "q": self.q,
+            "domain_size": self.domain_size,
+        }
+
+    @property
+    def n_slots(self) -> int:
+        if self.domain_size is None:
+            raise ValueError("the fleet simulator needs RAPPOR(domain_size=...)")
+        return self.domain_size
+
+    def longitudinal_bound(self, n_distinct: int | None = None) -> float:
+        """ε∞ per distinct value reported; infinite for an unbounded domain without ``n_distinct``."""
+        if n_distinct is None and self.domain_size is None:
+            return math.inf
+        return super().longitudinal_bound(n_distinct)
+
+    @property
+    def irr_input_epsilon(self) -> float:
+        """num_bits · max(ln(q/p), ln((1-p)/(1-q))): every PRR bit may differ between two memo entries."""
+        per_bit = [math.log(self.q / self.p) if self.p > 0 else math.inf]
+        per_bit.append(math.log((1 - self.p) / (1 - self.q)) if self.q < 1 else math.inf)
+        return self.num_bits * max(per_bit)
+
+    def memo_slots(self, values: Any, **device: Any) -> list[Any]:
+        if device:
+            raise ValueError(f"RAPPOR memo slots depend only on the values, got {sorted(device)}")
+        return [encode_value(v.item() if isinstance(v, np.generic) else v) for v in list(values)]
+
+    def _check_values(self, values: Any) -> np.ndarray:
+        arr = np.asarray(values)
+        if self.domain_size is None:
+            raise ValueError("the fleet simulator needs RAPPOR(domain_size=...)")
+        return check_categories(arr, self.domain_size)
+
+    @lru_cache(maxsize=8)
+    def bloom_table(self, candidates: tuple[Any, ...]) -> np.ndarray:
+        """(num_cohorts, len(candidates), num_bits) bool: the Bloom filter of every candidate in every cohort."""
+        table = np.zeros((self.num_cohorts, len(candidates), self.num_bits), dtype=bool)
+        for j, cand in enumerate(candidates):
+            vb = encode_value(cand)
+            for c in range(self.num_cohorts):
+                table[c, j, bloom_indices(vb, c, self.num_bits, self.num_hashes)] = True
+        return table
+
+    def _default_candidates(self) -> tuple[int, ...]:
+        if self.domain_size is None:
+            raise ValueError("give the decoder candidates, or declare RAPPOR(domain_size=...)")
+        return tuple(range(self.domain_size))
+
+    def prr_bits(self, bloom: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+        """B' from uniforms: 1 if u < f/2, 0 if f/2 ≤ u < f, else the Bloom bit."""
+        return np.where(uniforms < self.f / 2, True, np.where(uniforms < self.f, False, bloom))
+
+    def irr_bits(self, prr: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """S: 1 w.p. q where B' = 1, w.p. p where B' = 0 (fresh)."""
+        return (rng.random(prr.shape) < np.where(prr, self.q, self.p)).astype(np.uint8)
+
+    def client(
+        self,
+        *,
+        secret: bytes | str | None = None,
+        stream: str = "default",
+        memo_style: MemoStyle = "stateless",
+        rng: np.random.Generator | None = None,
+        cohort: int | None = None,
+    ) -> RAPPORClient:
+        return RAPPORClient(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng, cohort=cohort)
+
+    def _init_fleet(self, fleet: FleetState, rng: np.random.Generator, **fixed: Any) -> None:
+        cohorts = fixed.pop("cohorts", None)
+        if fixed:
+            raise ValueError(f"unknown fleet parameters {sorted(fixed)}")
+        if cohorts is None:
+            fleet.aux["cohorts"] = rng.integers(0, self.num_cohorts, size=fleet.n)
+        else:
+            c = np.broadcast_to(np.asarray(cohorts, dtype=np.int64), (fleet.n,)).copy()
+            if c.min() < 0 or c.max() >= self.num_cohorts:
+                raise ValueError(f"cohorts must lie in [0, {self.num_cohorts})")
+            fleet.aux["cohorts"] = c
+
+    def privatize_round(
+        self, values: Any, fleet: FleetState, rng: np.random.Generator
+    ) -> tuple[RapporReports, np.ndarray]:
+        v = self._check_fleet_values(values, fleet)
+        cohorts = fleet.aux["cohorts"]
+        bloom = self.bloom_table(self._default_candidates())[cohorts, v]
+        cells = v[:, None] * self.num_bits + np.arange(self.num_bits)[None, :]
+        prr = self.prr_bits(bloom, prf_uniform(fleet.keys[:, None], cells, _STREAM_PRR))
+        fleet.rounds += 1
+        return RapporReports(cohorts.copy(), self.irr_bits(prr, rng)), self._charge(fleet, v)
+
+    def denoised_bit_counts(self, reports: RapporReports) -> tuple[np.ndarray, np.ndarray]:
+        """(t̂ (m, num_bits), N_c (m,)): unbiased per-cohort counts of true Bloom bits (module docstring)."""
+        cohorts = np.asarray(reports.cohorts, dtype=np.int64).ravel()
+        bits = np.asarray(reports.bits)
+        if bits.ndim != 2 or bits.shape != (cohorts.size, self.num_bits):
+            raise ValueError(f"bits must have shape ({cohorts.size}, {self.num_bits}), got {bits.shape}")
+        if cohorts.size == 0:
+            raise ValueError("cannot estimate frequencies from zero reports")
+        if cohorts.min() < 0 or cohorts.max() >= self.num_cohorts:
+            raise ValueError(f"cohorts must lie in [0, {self.num_cohorts})")
+        n_c = np.bincount(cohorts, minlength=self.num_cohorts)
+        order = np.argsort(cohorts, kind="stable")
+        sums = np.add.reduceat(bits[order].astype(np.int64), np.r_[0, np.cumsum(n_c)[:-1]], axis=0)
+        counts = np.where(n_c[:, None] > 0, sums, 0)
+        base = self.p + (self.q - self.p) * self.f / 2
+        t_hat = (counts - base * n_c[:, None]) / ((1 - self.f) * (self.q - self.p))
+        return t_hat, n_c
+
+    def estimate_round(
+        self, reports: RapporReports, candidates: Any = None, method: str = "nnls"
+    ) -> np.ndarray:
+        """Frequencies of the candidates (default 0..domain_size-1) by NNLS (default) or least squares."""
+        if method not in ("nnls", "lstsq"):
+            raise ValueError(f"method must be 'nnls' or 'lstsq', got {method!r}")
+        cands = self._default_candidates() if candidates is None else tuple(
+            c.item() if isinstance(c, np.generic) else c for c in candidates
+        )
+        if not cands:
+            raise ValueError("at least one candidate is needed")
+        t_hat, n_c = self.denoised_bit_counts(reports)
+        n = int(n_c.sum())
+        table = self.bloom_table(cands)  # (m, K, bits)
+        design = (table * (n_c / n)[:, None, None]).transpose(0, 2, 1).reshape(-1, len(cands)).astype(float)
+        target = t_hat.reshape(-1)
+        if method == "nnls":
+            beta, _ = nnls(design, target, maxiter=50 * len(cands))
+        else:
+            beta = np.linalg.lstsq(design, target, rcond=None)[0]
+        return beta / n
+
+
+class RAPPORClient(LongitudinalClient):
+    """Device side of RAPPOR: a cohort for life; ``report(v)`` returns ``(cohort, bits (num_bits,) uint8)``."""
+
+    protocol: RAPPOR
+
+    def __init__(self, protocol: RAPPOR, *, cohort: int | None = None, **kwargs: Any) -> None:
+        super().__init__(protocol, **kwargs)
+        if cohort is None:
+            cohort = int(self.rng.integers(0, protocol.num_cohorts))
+        self.cohort = check_int(cohort, "cohort", 0, protocol.num_cohorts - 1)
+
+    def _slot(self, value: Any) -> Any:
+        if isinstance(value, np.generic):
+            value = value.item()
+        if self.protocol.domain_size is not None:
+            return check_category(value, self.protocol.domain_size)
+        encode_value(value)  # validates the type
+        return value
+
+    def _bloom(self, slot: Any) -> np.ndarray:
+        bloom = np.zeros(self.protocol.num_bits, dtype=bool)
+        bloom[bloom_indices(encode_value(slot), self.cohort, self.protocol.num_bits, self.protocol.num_hashes)] = True
+        return bloom
+
+    def _draw_prr(self, slot: Any, gen: np.random.Generator) -> str:
+        prr = self.protocol.prr_bits(self._bloom(slot), gen.random(self.protocol.num_bits))
+        return np.packbits(prr.astype(np.uint8)).tobytes().hex()
+
+    def _irr(self, prr: str) -> tuple[int, np.ndarray]:
+        bits = np.unpackbits(np.frombuffer(bytes.fromhex(prr), dtype=np.uint8))[: self.protocol.num_bits]
+        return (self.cohort, self.protocol.irr_bits(bits.astype(bool), self.rng))
+
+    def _device_state(self) -> dict[str, Any]:
+        return {"cohort": self.cohort}
+
+    def _load_device_state(self, state: dict[str, Any]) -> None:
+        if set(state) != {"cohort"}:
+            raise ValueError("RAPPOR device state must contain exactly 'cohort'")
+        self.cohort = check_int(state["cohort"], "cohort", 0, self.protocol.num_cohorts - 1)
