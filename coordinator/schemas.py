@@ -210,7 +210,11 @@ def make_body(row: Any) -> dict[str, Any]:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return -(2**63) <= v < 2**63
+    return isinstance(v, float) and math.isfinite(v)
 
 
 def _check_row(row: Any, length: int | None) -> None:

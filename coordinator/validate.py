@@ -33,6 +33,8 @@ from protocols import wire
 __all__ = ["Validator", "REASONS", "DUPLICATE"]
 
 DUPLICATE = "duplicate"
+#: seq and boot are stored as signed 64-bit integers.
+MAX_COUNTER = 2**63 - 1
 REASONS = (
     "too_large", "malformed", "schema", "wrong_topic", "device_mismatch", "unknown_device", "revoked_device",
     "unsigned", "bad_signature", "unknown_round", "round_closed", "wrong_stream", "wrong_mechanism", "bad_body",
@@ -126,7 +128,14 @@ class Validator:
         """Validate one message; return the row to store, or raise WireError(reason)."""
         if len(payload) > self.max_payload:
             raise wire.WireError("too_large", f"{len(payload)} bytes > {self.max_payload}")
-        report = wire.decode_report(payload)
+        try:
+            report = wire.decode_report(payload)
+        except wire.WireError:
+            raise
+        except (RecursionError, ValueError, TypeError) as exc:  # e.g. JSON nested deeper than the parser allows
+            raise wire.WireError("malformed", type(exc).__name__) from None
+        if report.seq > MAX_COUNTER or report.boot > MAX_COUNTER:
+            raise wire.WireError("schema", "seq/boot must fit in 63 bits")
         topic_device = wire.device_id_from_topic(topic)
         if topic_device != report.device_id:
             raise wire.WireError("device_mismatch", f"topic names {topic_device!r}, report {report.device_id!r}")
@@ -136,7 +145,12 @@ class Validator:
                 raise wire.WireError("revoked_device", report.device_id)
             if key is None:
                 raise wire.WireError("unknown_device", "registered public key is unusable")
-            wire.verify_report(report, topic, key)
+            try:
+                wire.verify_report(report, topic, key)
+            except wire.WireError:
+                raise
+            except (RecursionError, ValueError, TypeError) as exc:  # NaN/inf or unencodable body
+                raise wire.WireError("malformed", f"body is not canonical JSON: {type(exc).__name__}") from None
             rnd = self._round(report.round_id)
             if rnd.status != "open":
                 raise wire.WireError("round_closed", report.round_id)
