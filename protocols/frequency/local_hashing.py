@@ -20,7 +20,7 @@ Fast support counts (:func:`lh_support_counts`): with ``h_s(v) = ((a·v + b) mod
 k items once, updating all users' residues with a handful of uint32 numpy operations per item (``min(r, r - P)``
 with wrap-around implements the conditional subtraction; ``mod g`` is a bit mask when g is a power of two and a
 libdivide-backed floor division otherwise) and counts matches with ``count_nonzero``. No (user, item) hash is
-computed from scratch, no per-user Python loop, and the working set (users chunked to fit in L2) is O(chunk).
+computed from scratch, there is no per-user Python loop, and memory is O(chunk) — a few MiB — not O(n·k).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 from protocols.base import FrequencyOracle, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_matrix, user_values
 from protocols.frequency.direct import grr_perturb
-from protocols.hashing import MAX_ITEM, P, SEED_BITS, _coefficients, draw_seeds, hash_values
+from protocols.hashing import MAX_ITEM, SEED_BITS, P, _coefficients, draw_seeds, hash_values
 
 __all__ = ["LocalHashing", "BLH", "OLH", "lh_support_counts"]
 
@@ -148,7 +148,7 @@ class OLH(LocalHashing):
         eps = oracle_epsilon(epsilon)
         if eps > math.log(MAX_G - 1):
             raise ValueError(f"epsilon={eps} gives g = round(e^ε)+1 > {MAX_G}: too large for OLH's hash range")
-        super().__init__(eps, k, g=int(round(math.exp(eps))) + 1)
+        super().__init__(eps, k, g=round(math.exp(eps)) + 1)
 
     def _params(self) -> dict[str, Any]:
         return {"epsilon": self.epsilon, "k": self.k}

@@ -57,7 +57,9 @@ def test_unbiased_with_predicted_variance(name, epsilon):
     ratio = estimates.var(axis=0, ddof=1) / var
     lo = stats.chi2.ppf(1e-6 / 2, REPS - 1) / (REPS - 1)
     hi = stats.chi2.ppf(1 - 1e-6 / 2, REPS - 1) / (REPS - 1)
-    assert np.all((ratio > lo) & (ratio < hi)), f"{name}: variance ratios {np.round(ratio, 3)} outside [{lo:.2f}, {hi:.2f}]"
+    assert np.all((ratio > lo) & (ratio < hi)), (
+        f"{name}: variance ratios {np.round(ratio, 3)} not in [{lo:.2f}, {hi:.2f}]"
+    )
 
 
 @pytest.mark.parametrize("name", ["GRR", "OUE", "OLH", "HR", "PublicMatrix"])
@@ -71,5 +73,5 @@ def test_large_domain_standardised_errors(name):
     oracle = FACTORIES[name](1.0, k, rng)
     z = (oracle.estimate(oracle.privatize(values, rng)) - f) / np.sqrt(oracle.variance(f) / n)
     assert abs(z.mean()) < 5 / np.sqrt(k), f"mean z {z.mean():.3f}"
-    assert abs(np.mean(z**2) - 1) < 5 * np.sqrt(2 / k), f"mean z^2 {np.mean(z ** 2):.3f}"
+    assert abs(np.mean(z**2) - 1) < 5 * np.sqrt(2 / k), f"mean z^2 {np.mean(z**2):.3f}"
     assert np.max(np.abs(z)) < 5.5

@@ -275,16 +275,19 @@ def test_samplers_match_likelihood(epsilon):
     n, k, v = 40_000, 5, 3
     values = np.full(n, v)
     grr = GRR(epsilon, k)
-    assert _chisquare_pvalue(np.bincount(grr.privatize(values, rng), minlength=k),
-                             grr.likelihood(np.arange(k), v)) > 1e-4
+    assert (
+        _chisquare_pvalue(np.bincount(grr.privatize(values, rng), minlength=k), grr.likelihood(np.arange(k), v)) > 1e-4
+    )
     for unary in (SUE(epsilon, k), OUE(epsilon, k)):
         bits = unary.privatize(values, rng)
         codes = bits @ (1 << np.arange(k)[::-1])  # row → integer in [0, 2^k)
         outputs = np.array(list(itertools.product((0, 1), repeat=k)), dtype=np.uint8)
         assert _chisquare_pvalue(np.bincount(codes, minlength=2**k), unary.likelihood(outputs, v)) > 1e-4
     hr = HadamardResponse(epsilon, k)
-    assert _chisquare_pvalue(np.bincount(hr.privatize(values, rng), minlength=hr.K),
-                             hr.likelihood(np.arange(hr.K), v)) > 1e-4
+    assert (
+        _chisquare_pvalue(np.bincount(hr.privatize(values, rng), minlength=hr.K), hr.likelihood(np.arange(hr.K), v))
+        > 1e-4
+    )
     for lh in (BLH(epsilon, k), OLH(epsilon, k)):
         reports = lh.privatize(values, rng)
         offset = (reports[:, 1] - hash_values(reports[:, 0], v, lh.g)) % lh.g  # 0 w.p. p, else uniform
