@@ -8,16 +8,16 @@ Python loop anywhere on the decode path), ``estimate(reports)`` giving unbiased 
 ``likelihood(reports, value)``, the exact probability of each report under a given input, used by the exact
 privacy tests (worst-case likelihood ratio = e^ε).
 
-=======================  =======================================  ===========================================
-oracle                   report (per user)                        p, q (support probabilities)
-=======================  =======================================  ===========================================
-:class:`GRR`             int64 value in [0, k)                    e^ε/(e^ε+k-1), 1/(e^ε+k-1)
-:class:`SUE`             uint8 row of k bits                      e^{ε/2}/(e^{ε/2}+1), 1/(e^{ε/2}+1)
-:class:`OUE`             uint8 row of k bits                      1/2, 1/(e^ε+1)
-:class:`BLH`/:class:`OLH`  int64 pair [seed, y], y ∈ [0, g)        e^ε/(e^ε+g-1), 1/g
-:class:`HadamardResponse`  int64 y ∈ [0, K), K = 2^⌈log2(k+1)⌉   e^ε/(e^ε+1), 1/2
-:class:`PublicMatrixOracle`  int64 pair [user index i, y = ±1]   e^ε/(e^ε+1), 1/2 (over the public matrix)
-=======================  =======================================  ===========================================
+==================  ====================================  =========================================
+oracle              report (one row per user)             p, q (support probabilities)
+==================  ====================================  =========================================
+GRR                 int64 value in [0, k)                 e^ε/(e^ε+k-1), 1/(e^ε+k-1)
+SUE                 uint8 row of k bits                   e^{ε/2}/(e^{ε/2}+1), 1/(e^{ε/2}+1)
+OUE                 uint8 row of k bits                   1/2, 1/(e^ε+1)
+BLH, OLH            int64 pair [seed, y], y in [0, g)     e^ε/(e^ε+g-1), 1/g
+HadamardResponse    int64 y in [0, K), K = 2^⌈log2(k+1)⌉  e^ε/(e^ε+1), 1/2
+PublicMatrixOracle  int64 pair [user index i, y = ±1]     e^ε/(e^ε+1), 1/2 (over the public matrix)
+==================  ====================================  =========================================
 
 Consistency post-processing (:func:`project_simplex`, :func:`clip_normalise`) is separate from ``estimate`` and
 trades the unbiasedness of the raw estimate for a valid distribution.

@@ -27,7 +27,7 @@ non-holder and ``B² - 1`` for a holder:
     Var[f̂_v] = B² - f_v   per user   (= q(1-q)/(p-q)² + f(1-p-q)/(p-q)).
 
 Note: ``B² = 4e^ε/(e^ε-1)² · (e^ε+1)²/(4e^ε)``, so this variant matches OUE/OLH's ``4e^ε/(e^ε-1)²`` only as ε → 0
-(1.27× at ε = 1, 2.1× at ε = 2); the paper's general-ε HR with blocks is not implemented here.
+(1.27× at ε = 1, 2.4× at ε = 2); the paper's general-ε HR with blocks is not implemented here.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ cryptographic PRF — enough here, since Z is public and only needs to look rand
 from __future__ import annotations
 
 import hashlib
+import secrets
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,11 @@ class PublicMatrixOracle(FrequencyOracle):
         self._philox_key = _derive_key(key)
         self.p, _ = keep_probability(self.epsilon, 1)  # e^ε/(e^ε+1)
         self.q = 0.5
+
+    @staticmethod
+    def fresh_key() -> bytes:
+        """A new random public key (OS entropy) for the coordinator to publish with a collection round."""
+        return secrets.token_bytes(16)
 
     # -- the public matrix -------------------------------------------------------------------------------------
     def _blocks(self, users: np.ndarray, blocks: np.ndarray) -> np.ndarray:

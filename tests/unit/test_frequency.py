@@ -354,6 +354,13 @@ def test_public_matrix_support_counts_equal_brute_force(k, rng):
     )
 
 
+def test_public_matrix_fresh_keys_differ():
+    k1, k2 = PublicMatrixOracle.fresh_key(), PublicMatrixOracle.fresh_key()
+    assert len(k1) == 16 and k1 != k2
+    cols = [PublicMatrixOracle(1.0, 64, key=key).columns(np.arange(50)) for key in (k1, k2)]
+    assert not np.array_equal(*cols)
+
+
 def test_public_matrix_is_keyed_and_balanced():
     a, b = PublicMatrixOracle(1.0, 300, key="a"), PublicMatrixOracle(1.0, 300, key="b")
     za, zb = a.columns(np.arange(2000)), b.columns(np.arange(2000))
