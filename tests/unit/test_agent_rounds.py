@@ -1,0 +1,90 @@
+"""Round configs: signatures verified with the coordinator key, ε clamped or refused, one answer per round."""
+
+from __future__ import annotations
+
+import time
+
+from edge_agent.agent import Agent
+from edge_agent.embed import categorical, new_identity, numeric, simple_config
+from edge_agent.sources import CallableSource
+from protocols import wire
+
+COORD = wire.generate_signing_key()
+
+
+def _agent(tmp_path, policy="clamp", key=COORD):
+    cfg = simple_config(
+        "dev-r", tmp_path / "s",
+        [numeric("cpu", 0, 100), numeric("temp", 0, 90), categorical("mode", 3)],
+        [{"name": "cpu", "dimensions": ["cpu"]}, {"name": "temp", "dimensions": ["temp"]},
+         {"name": "mode", "dimensions": ["mode"]}],
+        coordinator_public_key=wire.public_key_b64(key),
+        privacy={"max_round_epsilon": 2.0, "round_policy": policy},
+    )
+    i = iter(range(10_000))
+    return Agent(cfg, CallableSource(lambda: {"cpu": float(next(i)), "temp": 20.0, "mode": 1}),
+                 secrets=new_identity(), transport=False).open()
+
+
+def _round(rid, eps=1.5, key=COORD, **kw):
+    params = kw.pop("params", {})
+    return wire.sign_round(wire.RoundConfig(round_id=rid, protocol="t", epsilon=eps, params=params, **kw), key).to_bytes()
+
+
+def test_valid_round_is_answered_once(tmp_path):
+    a = _agent(tmp_path)
+    out = a.handle_round(_round("r1", eps=3.0 - 1.0))
+    assert out is not None and len(out.commits) == 2 and out.refused == [("mode", "round_budget")]
+    assert {wire.decode_report(c.payload).round_id for c in out.commits} == {"r1"}
+    assert a.handle_round(_round("r1", eps=2.0)) is None  # retained redelivery: not answered twice
+    assert a.state.round_seen("r1") == "answered" and a.state.next_seq == 2
+    a.close()
+
+
+def test_round_epsilon_above_device_maximum_is_clamped(tmp_path):
+    a = _agent(tmp_path, policy="clamp")
+    out = a.handle_round(_round("big", eps=50.0))
+    assert out.charged == 2.0  # clamped to max_round_epsilon, not the server's 50
+    assert out.refused == [("mode", "round_budget")]
+    a._flush_counters()
+    assert a.state.counters()["rounds.clamped"] == 1
+    a.close()
+
+
+def test_round_epsilon_above_device_maximum_is_refused(tmp_path):
+    a = _agent(tmp_path, policy="refuse")
+    assert a.handle_round(_round("big", eps=2.5)) is None
+    assert a.state.round_seen("big") == "refused" and a.state.next_seq == 0 and a.state.spent() == 0
+
+
+def test_bad_signatures_and_malformed_rounds_are_ignored(tmp_path):
+    a = _agent(tmp_path)
+    other = wire.generate_signing_key()
+    assert a.handle_round(_round("x1", key=other)) is None
+    unsigned = wire.RoundConfig(round_id="x2", protocol="t", epsilon=1.0).to_bytes()
+    assert a.handle_round(unsigned) is None
+    tampered = _round("x3").replace(b'"epsilon":1.5', b'"epsilon":1.0')
+    assert a.handle_round(tampered) is None
+    assert a.handle_round(b"not json") is None
+    assert a.handle_round(_round("x4", params={"streams": "cpu"})) is None
+    assert a.state.next_seq == 0 and a.state.spent() == 0
+    a._flush_counters()
+    c = a.state.counters()
+    assert c["rounds.bad_signature"] == 3 and c["rounds.malformed"] == 2
+    a.close()
+
+
+def test_expired_round_and_stream_subset(tmp_path):
+    a = _agent(tmp_path)
+    assert a.handle_round(_round("old", not_after=time.time() - 10)) is None
+    assert a.state.round_seen("old") == "expired"
+    out = a.handle_round(_round("sub", params={"streams": ["temp", "unknown"]}))
+    assert [wire.decode_report(c.payload).stream for c in out.commits] == ["temp"]
+    a.close()
+
+
+def test_no_coordinator_key_means_no_rounds(tmp_path):
+    cfg = simple_config("dev-n", tmp_path / "n", [numeric("cpu", 0, 100)])
+    a = Agent(cfg, CallableSource(lambda: {"cpu": 1.0}), secrets=new_identity(), transport=False).open()
+    assert a.handle_round(_round("r")) is None and a.state.next_seq == 0
+    a.close()
