@@ -1,0 +1,231 @@
+"""HTTP JSON API and a dashboard page (stdlib ``ThreadingHTTPServer``, no framework, no external assets).
+
+Routes (GET):
+
+* ``/healthz`` — ``{"status": "ok", "mqtt_connected": …}``;
+* ``/api/rounds`` — every round (status, ε, streams, the signed configuration); ``/api/rounds/<id>`` — one;
+* ``/api/estimates/<round>`` — estimates with confidence intervals per stream (query: ``level``, ``variance``
+  = plugin|worst, ``consistency`` = 0|1);
+* ``/api/metrics`` — ingest counters of this process and the durable totals;
+* ``/`` — the dashboard: per stream and dimension, the estimate over rounds with its confidence band, and the
+  latest round's frequencies with interval whiskers, as inline SVG rendered on the server.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlparse
+
+if TYPE_CHECKING:  # pragma: no cover
+    from coordinator.service import Coordinator
+
+__all__ = ["ApiServer", "render_dashboard", "svg_band_chart", "svg_bar_chart"]
+
+
+class ApiServer:
+    """Serves the API for a :class:`coordinator.service.Coordinator` on a background thread."""
+
+    def __init__(self, coordinator: "Coordinator", host: str = "127.0.0.1", port: int = 0) -> None:
+        self.coordinator = coordinator
+        self._cache: dict[tuple, tuple[int, dict[str, Any]]] = {}
+        self._cache_lock = threading.Lock()
+        handler = type("Handler", (_Handler,), {"api": self})
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="haarvest-api", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread:
+            self._thread.join(5)
+
+    def estimates(self, round_id: str, level: float = 0.95, variance: str = "plugin",
+                  consistency: bool = True) -> dict[str, Any]:
+        """Estimates as JSON, cached until the round's number of stored reports changes."""
+        count = sum(v for (rid, _), v in self.coordinator.store.report_counts().items() if rid == round_id)
+        key = (round_id, level, variance, consistency)
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit and hit[0] == count:
+                return hit[1]
+        result = {k: v.to_dict() for k, v in
+                  self.coordinator.estimate(round_id, level, variance, consistency).items()}  # type: ignore[arg-type]
+        with self._cache_lock:
+            self._cache[key] = (count, result)
+        return result
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: ApiServer
+    server_version = "haarvest-coordinator"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet by default
+        return
+
+    def _send(self, status: int, body: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, obj: Any, status: int = 200) -> None:
+        self._send(status, json.dumps(obj, indent=1, allow_nan=False).encode(), "application/json")
+
+    def do_GET(self) -> None:  # noqa: N802
+        url = urlparse(self.path)
+        parts = [p for p in url.path.split("/") if p]
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        coord = self.api.coordinator
+        try:
+            if parts == ["healthz"]:
+                connected = coord.ingest.metrics.connected if coord.ingest else None
+                self._json({"status": "ok", "mqtt_connected": connected})
+            elif parts == ["api", "rounds"]:
+                self._json(coord.rounds.list())
+            elif len(parts) == 3 and parts[:2] == ["api", "rounds"]:
+                self._json(json.loads(coord.rounds.get(parts[2]).to_bytes()))
+            elif len(parts) == 3 and parts[:2] == ["api", "estimates"]:
+                level = float(query.get("level", 0.95))
+                variance = query.get("variance", "plugin")
+                if variance not in ("plugin", "worst") or not 0 < level < 1:
+                    raise ValueError("level must lie in (0, 1) and variance be plugin or worst")
+                self._json(self.api.estimates(parts[2], level, variance, query.get("consistency", "1") != "0"))
+            elif parts == ["api", "metrics"]:
+                self._json(coord.metrics_snapshot())
+            elif parts in ([], ["dashboard"]):
+                self._send(200, render_dashboard(self.api).encode(), "text/html; charset=utf-8")
+            else:
+                self._json({"error": "not found"}, 404)
+        except ValueError as exc:
+            self._json({"error": str(exc)}, 404 if "unknown round" in str(exc) else 400)
+
+
+# ---------------------------------------------------------------------- SVG rendering
+
+W, H, PAD = 560, 220, 44
+
+
+def _scale(values: list[float]) -> tuple[float, float]:
+    lo, hi = min(values), max(values)
+    if hi - lo < 1e-12:
+        lo, hi = lo - 1, hi + 1
+    margin = 0.05 * (hi - lo)
+    return lo - margin, hi + margin
+
+
+def _axes(title: str, ymin: float, ymax: float) -> list[str]:
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">',
+           f"<title>{html.escape(title)}</title>",
+           f'<text x="{PAD}" y="16" font-size="13" font-family="sans-serif">{html.escape(title)}</text>',
+           f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - 10}" y2="{H - PAD}" stroke="#555"/>',
+           f'<line x1="{PAD}" y1="28" x2="{PAD}" y2="{H - PAD}" stroke="#555"/>']
+    for frac in (0.0, 0.5, 1.0):
+        v = ymin + frac * (ymax - ymin)
+        y = (H - PAD) - frac * (H - PAD - 28)
+        out.append(f'<text x="{PAD - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end" '
+                   f'font-family="sans-serif">{v:.3g}</text>')
+    return out
+
+
+def svg_band_chart(title: str, xlabels: list[str], est: list[float], lo: list[float], hi: list[float]) -> str:
+    """Estimate over rounds (line + points) with the confidence band (shaded polygon)."""
+    ymin, ymax = _scale(list(lo) + list(hi) + list(est))
+    n = len(est)
+    xs = [PAD + 10 + (i * (W - PAD - 30) / max(n - 1, 1)) for i in range(n)]
+
+    def y(v: float) -> float:
+        return (H - PAD) - (v - ymin) / (ymax - ymin) * (H - PAD - 28)
+
+    out = _axes(title, ymin, ymax)
+    band = [f"{x:.1f},{y(v):.1f}" for x, v in zip(xs, hi)] + [f"{x:.1f},{y(v):.1f}" for x, v in zip(xs[::-1], lo[::-1])]
+    out.append(f'<polygon class="band" points="{" ".join(band)}" fill="#9ecae1" fill-opacity="0.55" stroke="none"/>')
+    out.append(f'<polyline points="{" ".join(f"{x:.1f},{y(v):.1f}" for x, v in zip(xs, est))}" fill="none" '
+               'stroke="#08519c" stroke-width="2"/>')
+    for x, v, label in zip(xs, est, xlabels):
+        out.append(f'<circle class="est" cx="{x:.1f}" cy="{y(v):.1f}" r="3" fill="#08519c"/>')
+        out.append(f'<text x="{x:.1f}" y="{H - PAD + 14}" font-size="10" text-anchor="middle" '
+                   f'font-family="sans-serif">{html.escape(label)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def svg_bar_chart(title: str, labels: list[str], est: list[float], lo: list[float], hi: list[float]) -> str:
+    """Frequencies as bars with confidence-interval whiskers."""
+    ymin, ymax = _scale([0.0] + list(lo) + list(hi) + list(est))
+    n = len(est)
+    slot = (W - PAD - 20) / max(n, 1)
+
+    def y(v: float) -> float:
+        return (H - PAD) - (v - ymin) / (ymax - ymin) * (H - PAD - 28)
+
+    out = _axes(title, ymin, ymax)
+    for i, (label, e, a, b) in enumerate(zip(labels, est, lo, hi)):
+        x = PAD + 10 + i * slot
+        top, base = y(max(e, 0.0)), y(0.0)
+        out.append(f'<rect class="bar" x="{x:.1f}" y="{min(top, base):.1f}" width="{slot * 0.7:.1f}" '
+                   f'height="{abs(base - top):.1f}" fill="#6baed6"/>')
+        cx = x + slot * 0.35
+        out.append(f'<line class="ci" x1="{cx:.1f}" y1="{y(a):.1f}" x2="{cx:.1f}" y2="{y(b):.1f}" stroke="#08306b"/>')
+        if n <= 40:
+            out.append(f'<text x="{cx:.1f}" y="{H - PAD + 14}" font-size="9" text-anchor="middle" '
+                       f'font-family="sans-serif">{html.escape(label[:10])}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def render_dashboard(api: ApiServer, max_rounds: int = 30) -> str:
+    coord = api.coordinator
+    rounds = coord.rounds.list()[-max_rounds:]
+    per_round = {r["round_id"]: api.estimates(r["round_id"]) for r in rounds}
+    charts: list[str] = []
+    streams = sorted({s for r in rounds for s in r["streams"]})
+    for stream in streams:
+        series = [(rid, est[stream]) for rid, est in per_round.items()
+                  if stream in est and est[stream]["error"] is None]
+        if not series:
+            continue
+        kind = series[-1][1]["kind"]
+        if kind == "frequency":
+            rid, e = series[-1]
+            charts.append(svg_bar_chart(f"{stream} — {rid} (n={e['n']}, {e['mechanism']})", e["labels"],
+                                        e["estimate"], e["ci_low"], e["ci_high"]))
+            continue
+        for j, dim in enumerate(series[-1][1]["labels"]):
+            pts = [(rid, e) for rid, e in series if len(e["estimate"]) > j]
+            charts.append(svg_band_chart(
+                f"{stream}.{dim} — mean with {int(100 * pts[-1][1]['level'])}% band",
+                [rid for rid, _ in pts], [e["estimate"][j] for _, e in pts],
+                [e["ci_low"][j] for _, e in pts], [e["ci_high"][j] for _, e in pts]))
+    snap = coord.metrics_snapshot()
+    rows = "".join(
+        f"<tr><td>{html.escape(r['round_id'])}</td><td>{r['status']}</td><td>{r['epsilon']:g}</td>"
+        f"<td>{html.escape(', '.join(r['streams']))}</td><td>{html.escape(', '.join(r['depends_on']))}</td></tr>"
+        for r in rounds)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="10">
+<title>haarvest coordinator</title>
+<style>body{{font-family:sans-serif;margin:1.5em;color:#222}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 8px;font-size:13px}} .charts svg{{margin:6px;border:1px solid #eee}}</style>
+</head><body>
+<h1>haarvest coordinator</h1>
+<p id="metrics">accepted {snap['accepted']} · duplicates {snap['duplicates']} · rejected {snap['rejected_total']}
+· stored {snap['stored_reports']} · devices {snap['devices']} · open rounds {snap['open_rounds']}</p>
+<table><tr><th>round</th><th>status</th><th>ε</th><th>streams</th><th>depends on</th></tr>{rows}</table>
+<div class="charts">{''.join(charts) if charts else '<p>No estimates yet.</p>'}</div>
+</body></html>"""

@@ -1,0 +1,103 @@
+"""HTTP API + dashboard (no broker: mqtt=False) and the `haarvest coordinator` CLI."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from coordinator import cli
+from coordinator.service import Coordinator, CoordinatorConfig
+from coordinator.simfleet import SimFleet
+from coordinator.store import SQLiteStore
+from protocols import registry
+
+PARAMS = {"streams": {
+    "cpu": {"kind": "numeric", "mechanism": "duchi", "params": {"epsilon": 1.0}, "dims": ["cpu"], "bounds": [[0, 100]]},
+    "app": {"kind": "frequency", "mechanism": "grr", "params": {"epsilon": 1.0, "k": 4}, "dims": ["app"]},
+}}
+
+
+def _fill(coord: Coordinator, fleet: SimFleet, round_id: str, rng: np.random.Generator) -> None:
+    duchi, grr = registry.build("duchi", epsilon=1.0), registry.build("grr", epsilon=1.0, k=4)
+    rows = []
+    for stream, mech, rep in [("cpu", "duchi", duchi.privatize(rng.uniform(-1, 1, len(fleet)), rng)),
+                              ("app", "grr", grr.privatize(rng.integers(0, 4, len(fleet)), rng))]:
+        rows += [coord.validator.check(t, p) for t, p in fleet.reports(round_id, stream, mech, rep)]
+    coord.store.commit_batch(rows, {})
+    coord.validator.batch_committed()
+
+
+def _get(url: str):  # noqa: ANN202
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.status, resp.headers["Content-Type"], resp.read()
+
+
+def test_api_and_dashboard(tmp_path):
+    rng = np.random.default_rng(5)
+    fleet = SimFleet(60)
+    coord = Coordinator(CoordinatorConfig(db=str(tmp_path / "a.db"), mqtt=False, http_port=0))
+    with coord:
+        coord.import_devices(fleet.enrollment())
+        for rid in ("r1", "r2"):
+            coord.open_round(rid, 2.0, PARAMS)
+            _fill(coord, fleet, rid, rng)
+        base = coord.http_url
+        assert json.loads(_get(base + "/healthz")[2])["status"] == "ok"
+        rounds = json.loads(_get(base + "/api/rounds")[2])
+        assert [r["round_id"] for r in rounds] == ["r1", "r2"] and rounds[0]["streams"] == ["app", "cpu"]
+        assert json.loads(_get(base + "/api/rounds/r2")[2])["sig"]
+        est = json.loads(_get(base + "/api/estimates/r1?level=0.9&variance=worst")[2])
+        assert est["cpu"]["n"] == 60 and est["cpu"]["variance_basis"] == "worst" and est["cpu"]["level"] == 0.9
+        assert len(est["app"]["estimate"]) == 4
+        metrics = json.loads(_get(base + "/api/metrics")[2])
+        assert metrics["stored_reports"] == 240 and metrics["store"]["accepted"] == 240
+        status, ctype, page = _get(base + "/")
+        text = page.decode()
+        assert status == 200 and ctype.startswith("text/html")
+        assert text.count("<svg") == 2 and 'class="band"' in text and 'class="ci"' in text
+        assert "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # no external assets
+        for bad in ("/api/estimates/nope", "/nothing", "/api/estimates/r1?level=2"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                _get(base + bad)
+            assert err.value.code in (400, 404)
+
+
+def test_cli_enroll_rounds_estimate_export(tmp_path, capsys):
+    db, key = str(tmp_path / "c.db"), str(tmp_path / "k")
+    fleet = SimFleet(30)
+    devices = tmp_path / "devices.json"
+    devices.write_text(json.dumps(fleet.enrollment()[1:]))
+    first = fleet.enrollment()[0]
+    assert cli.main(["coordinator", "enroll-device", "--db", db, "--id", first["device_id"],
+                     "--pubkey", first["public_key"]]) == 0
+    assert cli.main(["coordinator", "enroll-device", "--db", db, "--json", str(devices)]) == 0
+    with pytest.raises(ValueError):
+        cli.main(["coordinator", "enroll-device", "--db", db, "--id", "dev-x", "--pubkey", "not-a-key"])
+    assert cli.main(["coordinator", "rounds", "open", "--db", db, "--key", key, "--id", "r1", "--epsilon", "2",
+                     "--params", json.dumps(PARAMS), "--no-publish"]) == 0
+    capsys.readouterr()
+    cli.main(["coordinator", "devices", "--db", db])
+    assert len(json.loads(capsys.readouterr().out)) == 30
+    coord = Coordinator(CoordinatorConfig(db=db, key_file=key, mqtt=False))
+    _fill(coord, fleet, "r1", np.random.default_rng(1))
+    coord.close()
+    assert cli.main(["coordinator", "estimate", "r1", "--db", db, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cpu"]["n"] == 30 and out["app"]["n"] == 30
+    assert cli.main(["coordinator", "estimate", "r1", "--db", db]) == 0
+    assert "r1/cpu" in capsys.readouterr().out
+    assert cli.main(["coordinator", "export", "r1", "--db", db]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 60 and "report" in json.loads(lines[0])["body"]
+    assert cli.main(["coordinator", "export", "--db", db, "--format", "csv", "--out", str(tmp_path / "x.csv")]) == 0
+    assert len((tmp_path / "x.csv").read_text().strip().splitlines()) == 61
+    assert cli.main(["coordinator", "rounds", "close", "--db", db, "--key", key, "--id", "r1", "--no-publish"]) == 0
+    cli.main(["coordinator", "rounds", "list", "--db", db, "--key", key])
+    assert '"closed"' in capsys.readouterr().out
+    store = SQLiteStore(db)
+    assert len(store.devices()) == 30
+    store.close()
