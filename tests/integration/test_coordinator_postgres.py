@@ -1,0 +1,94 @@
+"""The PostgreSQL store behind the same interface: a throwaway server (initdb + pg_ctl in a temp dir)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from coordinator.estimate import estimate_round
+from coordinator.rounds import RoundManager
+from coordinator.simfleet import SimFleet
+from coordinator.store import PostgresStore, open_store
+from coordinator.validate import Validator
+from protocols import wire
+
+pytestmark = pytest.mark.integration
+
+PARAMS = {"streams": {"cpu": {"kind": "numeric", "mechanism": "duchi", "params": {"epsilon": 1.0}, "dims": ["cpu"],
+                              "bounds": [[0, 1]]}}}
+
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+    return found
+
+
+@pytest.fixture(scope="module")
+def postgres_dsn():
+    pytest.importorskip("psycopg")
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql)")
+    prefix: list[str] = []
+    workdir = Path(tempfile.mkdtemp(prefix="haarvest-pg-"))
+    if os.geteuid() == 0:  # initdb refuses to run as root: use the postgres system user
+        try:
+            import pwd
+
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no 'postgres' user to run the server")
+        os.chown(workdir, pw.pw_uid, pw.pw_gid)
+        prefix = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = workdir / "data"
+    subprocess.run(prefix + [initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(prefix + [pg_ctl, "-D", str(data), "-l", str(workdir / "log"), "-w", "-o",
+                             f"-p {port} -k {workdir} -c listen_addresses=127.0.0.1 -c fsync=on", "start"],
+                   check=True, stdout=subprocess.DEVNULL)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(prefix + [pg_ctl, "-D", str(data), "-m", "immediate", "stop"], stdout=subprocess.DEVNULL)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_postgres_store_two_workers(postgres_dsn):
+    store = open_store(postgres_dsn)
+    assert isinstance(store, PostgresStore)
+    fleet = SimFleet(20)
+    for rec in fleet.enrollment():
+        store.upsert_device(rec["device_id"], rec["public_key"])
+    RoundManager(store, wire.generate_signing_key()).open_round("r1", 1.0, PARAMS)
+    other = PostgresStore(postgres_dsn)  # a second worker with its own connection and validator
+    v1, v2 = Validator(store), Validator(other)
+    reports = fleet.reports("r1", "cpu", "duchi", [2.16 if i % 2 else -2.16 for i in range(20)])
+    # both workers receive the first 10 (a race): rows are stored once
+    assert store.commit_batch([v1.check(t, p) for t, p in reports[:10]], {}) == 10
+    assert other.commit_batch([v2.check(t, p) for t, p in reports[:10]], {"malformed": 2}) == 0
+    assert other.commit_batch([v2.check(t, p) for t, p in reports[10:]], {}) == 10
+    v1.batch_committed()
+    with pytest.raises(wire.WireError) as err:  # worker 1 stored this one itself
+        v1.check(*reports[5])
+    assert err.value.reason == "duplicate"
+    # worker 1's cache never saw what worker 2 stored: the database constraint makes it a no-op
+    assert store.commit_batch([v1.check(*reports[15])], {}) == 0
+    assert store.counters() == {"accepted": 20, "malformed": 2}
+    assert store.high_water_marks()[fleet.devices[0].device_id] == 1
+    assert store.report_counts() == {("r1", "cpu"): 20}
+    est = estimate_round(store, "r1")["cpu"]
+    assert est.n == 20 and est.error is None
+    store.set_round_status("r1", "closed")
+    assert other.rounds()[0]["status"] == "closed"
+    store.close()
+    other.close()
