@@ -11,7 +11,7 @@ it is released at time i·2^j (levels 0..⌊log2 T⌋, fewer than 2T nodes). The
 * at most ``max_nonzero`` non-zero nodes per device: later non-zero nodes are reported as zeros (fair coins), a
   documented bias that only devices changing more than the declared number of times incur. One change of x makes
   every node whose interval straddles it non-zero — up to ⌊log2 T⌋+1 nodes — so choose
-  max_nonzero ≥ (changes allowed)·(⌊log2 T⌋+1) (:meth:`DDRM.for_changes`).
+  max_nonzero ≥ (changes allowed)·(⌊log2 T⌋+1) (:meth:`DDRM.for_changes`; x_0 = 0, so starting at 1 is a change).
 
 Reports are independent across nodes given the stream, so the exact worst case of ln P[transcript | a]/P[· | b]
 is Σ_nodes c(v_a, v_b) with c = ε for opposite non-zero values, c1 = ln(2e^ε/(e^ε+1)) when only v_a is non-zero,
@@ -66,7 +66,10 @@ class DDRM(LongitudinalProtocol):
 
     @classmethod
     def for_changes(cls, epsilon: float, horizon: int, changes: int) -> DDRM:
-        """DDRM that never truncates a stream with at most ``changes`` value changes: max_nonzero = changes·levels."""
+        """DDRM that never truncates a stream with at most ``changes`` value changes: max_nonzero = changes·levels.
+
+        x_0 = 0, so a stream that starts at 1 counts its first value as a change.
+        """
         levels = check_int(horizon, "horizon", 1).bit_length()
         return cls(epsilon, horizon, check_int(changes, "changes", 1) * levels)
 

@@ -1,0 +1,249 @@
+"""Parameter validation, shapes, bounds and fast paths of the longitudinal protocols."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize_scalar
+
+from protocols.hashing import P, hash_matrix
+from protocols.longitudinal import (
+    DDRM,
+    LGRR,
+    LOLOHA,
+    LOSUE,
+    LSUE,
+    RAPPOR,
+    DBitFlipPM,
+    OneBitMeanMemo,
+    TranscriptMechanism,
+    alpha_round_index,
+    clip_normalize,
+    optimal_g,
+    protocol_from_params,
+    slot_pattern,
+    support_counts,
+)
+
+
+@pytest.mark.parametrize(
+    "factory,match",
+    [
+        (lambda: LGRR(1.0, 1.0, 4), "epsilon_1 must be < epsilon_inf"),
+        (lambda: LGRR(1.0, 2.0, 4), "epsilon_1 must be < epsilon_inf"),
+        (lambda: LGRR(0.0, 0.5, 4), "epsilon_inf"),
+        (lambda: LGRR(2.0, 1.0, 1), "k must be >= 2"),
+        (lambda: LOSUE(2.0, float("nan"), 4), "epsilon_1"),
+        (lambda: LSUE(2.0, 1.0, 2.5), "integer"),
+        (lambda: LOLOHA(2.0, 1.0, 10, g=1), "g must be >= 2"),
+        (lambda: LOLOHA(2.0, 1.0, 10, g="best"), "optimal"),
+        (lambda: RAPPOR(f=0.0), "f must lie in"),
+        (lambda: RAPPOR(p=0.8, q=0.5), "p < q"),
+        (lambda: RAPPOR(num_bits=4, num_hashes=5), "num_hashes"),
+        (lambda: RAPPOR(q=1.5), r"\[0, 1\]"),
+        (lambda: DBitFlipPM(1.0, k=10, b=11, d=2), "b must be"),
+        (lambda: DBitFlipPM(1.0, k=10, b=5, d=6), "d must be"),
+        (lambda: OneBitMeanMemo(1.0, m=0.0), "m must be"),
+        (lambda: OneBitMeanMemo(1.0, gamma=0.5), "gamma"),
+        (lambda: OneBitMeanMemo(1.0, s=0), "s must be"),
+        (lambda: DDRM(1.0, horizon=0, max_nonzero=1), "horizon"),
+        (lambda: DDRM(-1.0, horizon=4, max_nonzero=1), "epsilon"),
+    ],
+)
+def test_parameter_validation(factory, match):
+    with pytest.raises(ValueError, match=match):
+        factory()
+
+
+ALL = [
+    LGRR(2.0, 1.0, 6),
+    LOSUE(2.0, 1.0, 6),
+    LSUE(2.0, 1.0, 6),
+    LOLOHA(2.0, 1.0, 6, g=3),
+    RAPPOR(num_bits=16, num_hashes=2, num_cohorts=4, domain_size=6),
+    DBitFlipPM(1.0, k=6, b=3, d=2),
+    OneBitMeanMemo(1.0, m=5.0, s=5),
+    DDRM(1.0, horizon=8, max_nonzero=8),
+]
+
+
+@pytest.mark.parametrize("protocol", ALL, ids=lambda p: p.name)
+def test_params_roundtrip_and_guarantees(protocol):
+    rebuilt = protocol_from_params(protocol.name, protocol.params())
+    assert rebuilt.params() == protocol.params() and rebuilt.fingerprint() == protocol.fingerprint()
+    assert 0 < protocol.epsilon_1 <= protocol.epsilon_inf
+    assert protocol.epsilon == protocol.epsilon_1
+    assert protocol.longitudinal_bound() >= protocol.epsilon_inf
+    assert protocol.longitudinal_bound(0) == 0.0
+    assert repr(protocol).startswith(type(protocol).__name__)
+
+
+def test_longitudinal_bounds_match_spec():
+    assert LGRR(2.0, 1.0, 6).longitudinal_bound() == pytest.approx(12.0)
+    assert LGRR(2.0, 1.0, 6).longitudinal_bound(n_distinct=2) == pytest.approx(4.0)
+    assert LOLOHA(2.0, 1.0, 360, g=2).longitudinal_bound() == pytest.approx(4.0)  # g·ε∞ whatever the changes
+    assert LOLOHA(2.0, 1.0, 3, g=10).longitudinal_bound() == pytest.approx(6.0)  # never more than k entries
+    assert DBitFlipPM(1.0, k=100, b=10, d=3).longitudinal_bound() == pytest.approx(4.0)  # min(d+1, b)·ε
+    assert DBitFlipPM(1.0, k=100, b=4, d=4).longitudinal_bound() == pytest.approx(4.0)
+    assert OneBitMeanMemo(0.5, s=7).longitudinal_bound() == pytest.approx(4.0)  # (s+1) grid points
+    assert DDRM(0.5, horizon=16, max_nonzero=6).longitudinal_bound() == pytest.approx(3.0)
+    assert math.isinf(RAPPOR().longitudinal_bound())
+    assert RAPPOR(num_hashes=2, f=0.5).epsilon_inf == pytest.approx(4 * math.log(3))
+
+
+def test_rappor_epsilon_one_matches_paper_formula():
+    protocol = RAPPOR(num_hashes=2, f=0.5, p=0.5, q=0.75)
+    q_star = 0.25 * (0.5 + 0.75) + 0.5 * 0.75
+    p_star = 0.25 * (0.5 + 0.75) + 0.5 * 0.5
+    assert protocol.epsilon_1 == pytest.approx(2 * math.log(q_star * (1 - p_star) / (p_star * (1 - q_star))))
+
+
+def test_transcript_bound_semantics():
+    protocol = LGRR(2.0, 1.0, 5)
+    assert slot_pattern([7, 7, 3, 7]) == (0, 0, 1, 0)
+    assert protocol.transcript_epsilon_bound([1, 1, 1], [1, 1, 1]) == 0.0
+    assert protocol.transcript_epsilon_bound([1], [2]) == pytest.approx(1.0)
+    assert protocol.transcript_epsilon_bound([1, 1, 1], [2, 2, 2]) == pytest.approx(2.0)
+    assert protocol.transcript_epsilon_bound([1, 1, 2], [3, 3, 2]) == pytest.approx(2.0)  # one slot differs
+    assert protocol.transcript_epsilon_bound([1, 1], [1, 2]) == pytest.approx(protocol.epsilon_irr)
+    with pytest.raises(ValueError):
+        protocol.transcript_epsilon_bound([1, 2], [1])
+    dbit = DBitFlipPM(1.0, k=10, b=10, d=3)
+    assert math.isinf(dbit.transcript_epsilon_bound([0, 0], [0, 1], sampled=[0, 1, 2]))  # no IRR: change visible
+    assert dbit.transcript_epsilon_bound([0, 0], [1, 1], sampled=[0, 1, 2]) == pytest.approx(1.0)
+    assert dbit.memo_slots([0, 5, 9, 2], sampled=[2, 0, 7]) == [1, 3, 3, 0]
+    with pytest.raises(ValueError, match="seed"):
+        LOLOHA(2.0, 1.0, 6).memo_slots([1, 2])
+    with pytest.raises(ValueError, match="sampled"):
+        dbit.memo_slots([1])
+
+
+def test_support_counts_equals_hash_matrix():
+    rng = np.random.default_rng(3)
+    for g in (2, 3, 5, 7, 64, 1000, 32767):
+        seeds = rng.integers(0, 1 << 62, size=777)
+        y = rng.integers(0, g, size=777)
+        expected = (hash_matrix(seeds, 301, g) == y[:, None]).sum(axis=0)
+        np.testing.assert_array_equal(support_counts(seeds, y, 301, g, rows=100), expected)
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        support_counts([1, 2], [0, 4], 10, 4)
+
+
+def test_magic_division_is_exact_near_the_prime():
+    """x mod g by multiply-shift equals % for the largest residues (x up to P-1) and all small g."""
+    x = np.concatenate([np.arange(0, 5000), np.arange(P - 5000, P)]).astype(np.uint64)
+    for g in list(range(2, 300)) + [1021, 4096, 65521, (1 << 20) + 7]:
+        ell = (g - 1).bit_length()
+        magic = np.uint64(-(-(1 << (31 + ell)) // g))
+        q = (x * magic) >> np.uint64(31 + ell)
+        np.testing.assert_array_equal(x - q * np.uint64(g), x % np.uint64(g))
+
+
+def test_optimal_g_is_the_papers_variance_minimiser():
+    """OLOLOHA's closed form minimises the approximate variance q'(1-q')/((p1-q')(p2-q2))² over real g when the
+    IRR uses the paper's g-independent ε_IRR (EDBT'23, §5)."""
+    for eps_inf, alpha in ((1.0, 0.5), (2.0, 0.3), (4.0, 0.5), (6.0, 0.9)):
+        eps_1 = alpha * eps_inf
+        b = (math.exp(eps_inf + eps_1) - 1) / (math.exp(eps_inf) - math.exp(eps_1))
+
+        def var(g: float) -> float:
+            p1 = math.exp(eps_inf) / (math.exp(eps_inf) + g - 1)
+            p2, q2 = b / (b + g - 1), 1 / (b + g - 1)
+            return (1 / g) * (1 - 1 / g) / ((p1 - 1 / g) ** 2 * (p2 - q2) ** 2)
+
+        best = minimize_scalar(var, bounds=(1.01, 1e4), method="bounded", options={"xatol": 1e-9}).x
+        assert optimal_g(eps_inf, eps_1) == max(2, round(best))
+    assert LOLOHA.optimal(4.0, 2.0, 100).g == 7 and LOLOHA.bi(4.0, 2.0, 100).g == 2
+
+
+@pytest.mark.parametrize("protocol", ALL[:-1], ids=lambda p: p.name)
+def test_fleet_rounds_shapes_charges_and_input_checks(protocol):
+    rng = np.random.default_rng(0)
+    n = 50
+    if isinstance(protocol, OneBitMeanMemo):
+        values = rng.random((n, 4)) * protocol.m
+        bad = np.full(n, protocol.m + 1)
+    else:
+        values = rng.integers(0, protocol.k if hasattr(protocol, "k") else protocol.domain_size, (n, 4))
+        bad = np.full(n, 10_000)
+    values[:, 1] = values[:, 0]
+    result = protocol.simulate_rounds(values, rng)
+    assert result.charges.shape == (n, 4)
+    assert np.all(result.charges[:, 0] == protocol.epsilon_inf)
+    assert np.all(result.charges[:, 1] == 0.0)  # same value ⇒ memoized
+    assert np.all(result.spent <= protocol.longitudinal_bound() + 1e-12)
+    fleet = protocol.new_fleet(n, rng)
+    with pytest.raises(ValueError):
+        protocol.privatize_round(bad, fleet, rng)
+    with pytest.raises(ValueError):
+        protocol.privatize_round(values[:10, 0], fleet, rng)
+    with pytest.raises(ValueError):
+        protocol.simulate_rounds(values[:, 0], rng)
+    with pytest.raises(ValueError):
+        protocol.new_fleet(n, rng, nonsense=1)
+
+
+def test_rappor_decoder_checks_and_candidates():
+    protocol = RAPPOR(num_bits=32, num_hashes=2, num_cohorts=4, domain_size=5)
+    rng = np.random.default_rng(1)
+    fleet = protocol.new_fleet(200, rng)
+    reports, _ = protocol.privatize_round(rng.integers(0, 5, 200), fleet, rng)
+    est = protocol.estimate_round(reports)
+    assert est.shape == (5,) and np.all(est >= 0)  # NNLS is non-negative
+    assert protocol.estimate_round(reports, candidates=[0, 1, "x"]).shape == (3,)
+    with pytest.raises(ValueError, match="method"):
+        protocol.estimate_round(reports, method="lasso")
+    with pytest.raises(ValueError, match="bits"):
+        protocol.estimate_round(reports._replace(bits=reports.bits[:, :3]))
+    with pytest.raises(ValueError, match="domain_size"):
+        RAPPOR().new_fleet(3, rng)
+    client = RAPPOR(num_bits=16).client(rng=rng)
+    cohort, bits = client.report("https://example.org").report
+    assert bits.shape == (16,) and 0 <= cohort < 32
+
+
+def test_alpha_rounding_is_unbiased_with_exact_probabilities():
+    step, s = 0.25, 4
+    x = np.array([0.0, 0.1, 0.25, 0.6, 0.99, 1.0])
+    u = np.linspace(0, 1, 100_000, endpoint=False)
+    idx = alpha_round_index(x[:, None], u[None, :], step, s)
+    np.testing.assert_allclose((idx * step).mean(axis=1), x, atol=1e-5)
+    assert idx.min() >= 0 and idx.max() <= s
+    assert np.all(alpha_round_index(1.0, u, step, s) == s)
+
+
+def test_ddrm_tree_structure_and_per_round_equivalence():
+    protocol = DDRM(1.0, horizon=10, max_nonzero=20)
+    assert protocol.n_nodes == 10 + 5 + 2 + 1
+    assert protocol.prefix_nodes(7) == [protocol._index[(2, 4)], protocol._index[(1, 6)], protocol._index[(0, 7)]]
+    streams = np.array([[0, 1, 1, 0, 0, 1, 1, 1, 0, 1], [1] * 10])
+    v = protocol.node_values(streams)
+    # each prefix sum of node values reconstructs the stream
+    for t in range(1, 11):
+        np.testing.assert_array_equal(v[:, protocol.prefix_nodes(t)].sum(axis=1), streams[:, t - 1])
+    rng = np.random.default_rng(0)
+    fleet = protocol.new_fleet(2, rng)
+    charges = [protocol.privatize_round(streams[:, t], fleet, rng)[1] for t in range(10)]
+    np.testing.assert_allclose(np.sum(charges, axis=0), [protocol.charged_total(s) for s in streams])
+    _, stream_charges = protocol.privatize_stream(streams, rng)
+    np.testing.assert_allclose(stream_charges, np.stack(charges, axis=1))
+    with pytest.raises(ValueError, match="horizon"):
+        protocol.privatize_round(streams[:, 0], fleet, rng)
+    with pytest.raises(ValueError, match="binary"):
+        protocol.node_values([0, 2])
+    with pytest.raises(ValueError, match="node columns"):
+        protocol.estimate(np.ones((3, 5)))
+    truncated = DDRM(1.0, horizon=8, max_nonzero=2)
+    assert truncated.charged_total([1] * 8) == pytest.approx(2.0)  # 4 non-zero nodes, 2 allowed
+
+
+def test_transcript_mechanism_and_clip_normalize():
+    protocol = LGRR(2.0, 1.0, 4)
+    mech = TranscriptMechanism(protocol, epsilon=protocol.charged_total([0, 0]))
+    out = mech.privatize(np.zeros((10, 3), dtype=int), np.random.default_rng(0))
+    assert len(out) == 3 and out[0].shape == (10,)
+    with pytest.raises(ValueError):
+        mech.privatize(np.zeros(10, dtype=int), np.random.default_rng(0))
+    np.testing.assert_allclose(clip_normalize([-1.0, 1.0, 3.0]), [0.0, 0.25, 0.75])
