@@ -17,7 +17,7 @@ P = (1 << 31) - 1
 SEED_BITS = 62
 MAX_ITEM = P - 1
 
-__all__ = ["P", "draw_seeds", "hash_values", "hash_matrix"]
+__all__ = ["P", "draw_seeds", "coefficients", "hash_values", "hash_matrix"]
 
 
 def draw_seeds(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -25,7 +25,8 @@ def draw_seeds(n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, 1 << SEED_BITS, size=n, dtype=np.int64)
 
 
-def _coefficients(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def coefficients(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (a, b) of each seed's hash h(v) = ((a·v + b) mod P) mod g, with a ∈ [1, P) and b ∈ [0, P)."""
     seeds = np.asarray(seeds, dtype=np.int64)
     a = (seeds >> 31) % (P - 1) + 1
     b = (seeds & P) % P
@@ -37,7 +38,7 @@ def hash_values(seeds: Any, values: Any, g: int) -> np.ndarray:
     values = np.asarray(values, dtype=np.int64)
     if values.size and (values.min() < 0 or values.max() > MAX_ITEM):
         raise ValueError(f"hashed items must lie in [0, {MAX_ITEM}]")
-    a, b = _coefficients(np.asarray(seeds))
+    a, b = coefficients(np.asarray(seeds))
     return ((a * values + b) % P) % g
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from protocols.base import FrequencyOracle, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_matrix, user_values
 from protocols.frequency.direct import grr_perturb
-from protocols.hashing import MAX_ITEM, SEED_BITS, P, _coefficients, draw_seeds, hash_values
+from protocols.hashing import MAX_ITEM, SEED_BITS, P, coefficients, draw_seeds, hash_values
 
 __all__ = ["LocalHashing", "BLH", "OLH", "lh_support_counts"]
 
@@ -55,7 +55,7 @@ def lh_support_counts(seeds: np.ndarray, y: np.ndarray, k: int, g: int, chunk: i
     counts = np.zeros(k, dtype=np.int64)
     if n == 0:
         return counts
-    a_all, b_all = _coefficients(seeds)  # a ∈ [1, P), b ∈ [0, P): every residue and r + a fit in uint32
+    a_all, b_all = coefficients(seeds)  # a ∈ [1, P), b ∈ [0, P): every residue and r + a fit in uint32
     p32, g32 = np.uint32(P), np.uint32(g)
     mask = np.uint32(g - 1) if g & (g - 1) == 0 else None
     chunk = max(1, int(chunk))
