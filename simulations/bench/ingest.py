@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
+import sqlite3
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -132,6 +135,56 @@ def _wait_accepted(coord: Coordinator, n: int, timeout: float = 600) -> None:
         time.sleep(0.005)
 
 
+def _start_worker(port: int, db: Path, work: Path, i: int) -> subprocess.Popen:
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--db", str(db), "--key", str(work / "key"),
+         "--mqtt-port", str(port), "--share-group", "bench", "--client-id", f"bench-worker-{i}",
+         "--batch-size", "2000", "--batch-ms", "20"],
+        stdout=subprocess.PIPE, stderr=open(work / f"worker-{i}.log", "ab"), cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root)))
+    if b"ready" not in proc.stdout.readline():
+        raise RuntimeError(f"worker {i} did not start; see {work}/worker-{i}.log")
+    return proc
+
+
+def _shared_workers_drain(port: int, db: Path, work: Path, fleet: SimFleet, workers: int) -> float:
+    """Reports queued for a shared subscription of ``workers`` coordinator processes (one SQLite file), then drained.
+
+    The rate is measured over the reports' validation timestamps (first to last), which leaves out the processes'
+    start-up (imports) but not their competition for the cores."""
+    store = SQLiteStore(db)
+    RoundManager(store, wire.generate_signing_key()).open_round("shared", 1.0, _params())
+    store.close()
+    reports = _reports(fleet, "shared")
+    procs = [_start_worker(port, db, work, i) for i in range(workers)]
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+    pub = _paho_publisher(port)
+    _publish_all(pub, reports)
+    pub.disconnect()
+    pub.loop_stop()
+    procs = [_start_worker(port, db, work, i) for i in range(workers)]
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            conn = sqlite3.connect(db, timeout=30)
+            count, t_first, t_last = conn.execute(
+                "SELECT COUNT(*), MIN(received_at), MAX(received_at) FROM reports WHERE round_id = 'shared'").fetchone()
+            conn.close()
+            if count >= len(reports):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"shared workers stored {count} of {len(reports)}")
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            p.wait(30)
+    return len(reports) / max(t_last - t_first, 1e-9)
+
+
 def run(quick: bool = False) -> str:
     n_devices = 1000 if quick else 6000
     work = Path(tempfile.mkdtemp(prefix="haarvest-bench-ingest-"))
@@ -178,6 +231,7 @@ def run(quick: bool = False) -> str:
         pub.disconnect()
         pub.loop_stop()
         assert snap["stored_reports"] == 2 * n and not snap["rejected"], snap
+        shared = _shared_workers_drain(broker.port, db, work, fleet, 2)
     finally:
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -188,6 +242,8 @@ def run(quick: bool = False) -> str:
          f"{100 * drain / raw_pub:.0f} %", f"{100 * drain / raw_paho:.0f} %"),
         ("coordinator live (paho publisher running concurrently)", live,
          f"{100 * live / raw_pub:.0f} %", f"{100 * live / raw_paho:.0f} %"),
+        ("2 coordinator processes, shared subscription, drain", shared,
+         f"{100 * shared / raw_pub:.0f} %", f"{100 * shared / raw_paho:.0f} %"),
     ]
     out = [
         "## Coordinator ingest",
