@@ -97,9 +97,18 @@ class RoundManager:
         return signed
 
     def close_round(self, round_id: str) -> None:
+        """Close a round: its retained topic is cleared and ``current`` becomes the newest open round, or is cleared
+        (an empty retained payload) when none is open — devices stop answering a closed round."""
         self.store.set_round_status(round_id, "closed")
         if self.on_change:
             self.on_change(self.get(round_id), "closed")
+        if self.publish is not None:
+            self.publish(wire.round_topic(round_id), b"", True)
+            newest = self.current()
+            if newest is None:
+                self.publish(wire.ROUNDS_CURRENT_TOPIC, b"", True)
+            else:
+                self._publish(newest, current=True)
 
     def get(self, round_id: str) -> wire.RoundConfig:
         for row in self.store.rounds():

@@ -90,6 +90,18 @@ def test_in_process_ingest_and_round_publication(mosquitto, tmp_path):
         assert snap["duplicates"] == 1 and snap["rejected"] == {"malformed": 1}
         est = coord.estimate("r1")
         assert all(e.n == len(fleet) and e.error is None for e in est.values())
+        # closing the only open round clears the retained "current" round
+        coord.close_round("r1")
+        got.clear()
+        sub = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        sub.on_message = lambda c, u, m: got.append(m.payload)
+        sub.connect("127.0.0.1", mosquitto.port)
+        sub.subscribe([(wire.ROUNDS_CURRENT_TOPIC, 1), (wire.round_topic("r1"), 1)])
+        sub.loop_start()
+        time.sleep(0.5)
+        sub.disconnect()
+        sub.loop_stop()
+        assert got == []
 
 
 def _start_coordinator(db: Path, key: Path, port: int, log: Path) -> subprocess.Popen:
