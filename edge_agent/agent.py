@@ -215,6 +215,7 @@ class Agent:
         streams: list[str] | None = None,
         round_cap: float | None = None,
         record: Record | None = None,
+        plans: dict[str, Any] | None = None,
     ) -> ReportOutcome:
         """Take a fresh reading (unless ``record`` is given) and commit one report per stream.
 
@@ -235,7 +236,7 @@ class Agent:
         cap = self.config.privacy.max_round_epsilon if round_cap is None else round_cap
         counters = dict(self._pending_counters)
         self._pending_counters.clear()
-        prepared_list = pipeline.prepare(record, streams)
+        prepared_list = pipeline.prepare(record, streams, plans)
         requests = [
             ReportRequest(
                 stream=p.stream,
@@ -326,6 +327,20 @@ class Agent:
                             "max_round_epsilon": max_eps})
             epsilon = max_eps
         streams = rc.params.get("streams")
+        plans: dict[str, Any] = {}
+        if isinstance(streams, dict):  # coordinator StreamSpecs: {name: {"mechanism", "params", ...}}
+            specs, streams = streams, list(streams)
+            for name, spec in specs.items():
+                if name not in self.pipeline.streams or not isinstance(spec, dict) or "mechanism" not in spec:  # type: ignore[union-attr]
+                    continue
+                try:
+                    plans[name] = self.pipeline.round_plan(name, spec["mechanism"], spec.get("params") or {})  # type: ignore[union-attr]
+                except (ValueError, TypeError) as exc:
+                    streams.remove(name)
+                    self._count("rounds.stream_refused")
+                    log.warning("round stream refused", extra={"event": "round_stream_refused",
+                                                               "round_id": rc.round_id, "stream": name,
+                                                               "reason": str(exc)})
         if streams is not None:
             if not isinstance(streams, list) or not all(isinstance(s, str) for s in streams):
                 state.record_round(rc.round_id, "refused", "params.streams must be a list of names")
@@ -337,7 +352,7 @@ class Agent:
                          extra={"event": "round_unknown_streams", "round_id": rc.round_id, "streams": unknown})
         # recorded before answering: a crash mid-round never answers the same round twice
         state.record_round(rc.round_id, "answered")
-        outcome = self.report(rc.round_id, streams=streams, round_cap=epsilon)
+        outcome = self.report(rc.round_id, streams=streams, round_cap=epsilon, plans=plans)
         self._count("rounds.answered")
         return outcome
 

@@ -33,7 +33,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -305,6 +305,7 @@ class Pipeline:
             if d.kind == "numeric" and d.rounding.enabled
         }
         self.clipped_total: dict[str, int] = {d.name: 0 for d in self.dimensions if d.kind == "numeric"}
+        self._round_plans: dict[tuple[str, str], StreamPlan] = {}
 
     # --- observe ------------------------------------------------------------------------------------------
 
@@ -393,12 +394,45 @@ class Pipeline:
 
         return make_body
 
-    def prepare(self, record: Record, streams: list[str] | None = None) -> list[PreparedReport]:
-        """One :class:`PreparedReport` per stream (all streams, or the named ones in configuration order)."""
+    def round_plan(self, name: str, mechanism: str, params: Mapping[str, Any]) -> StreamPlan:
+        """The plan for stream ``name`` with the mechanism a round asks for (the coordinator's StreamSpec).
+
+        Accepted only if it spends at most the device's configured ε for the stream and fits the stream's shape
+        (``d`` = number of dimensions, ``k`` = domain size); ValueError otherwise. The device's bounds, rounding
+        and caps still apply; the memo key includes the round's spec, so it gets its own memo entries.
+        """
+        base = self.streams[name]
+        params = dict(params)
+        if mechanism == base.mechanism_name and params == base.params:
+            return base
+        cache_key = (name, wire.canonical_json({"mechanism": mechanism, "params": params}).decode())
+        cached = self._round_plans.get(cache_key)
+        if cached is not None:
+            return cached
+        eps = params.get("epsilon")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < float(eps) <= base.epsilon:
+            raise ValueError(f"stream {name!r}: the round asks for ε={eps!r}, the device allows at most {base.epsilon}")
+        mech = registry.build(mechanism, **params)
+        if base.kind == "categorical" and getattr(mech, "k", None) != base.dimensions[0].domain_size:
+            raise ValueError(f"stream {name!r}: the round's k does not match the domain size")
+        if base.kind == "vector" and getattr(mech, "d", None) != len(base.dimensions):
+            raise ValueError(f"stream {name!r}: the round's d does not match the stream's dimensions")
+        if base.kind == "scalar" and getattr(mech, "d", 1) != 1:
+            raise ValueError(f"stream {name!r}: the round asks for a vector mechanism for one dimension")
+        plan = replace(base, mechanism_name=mechanism, params=params, spec=cache_key[1], mechanism=mech,
+                       epsilon=float(eps))
+        self._round_plans[cache_key] = plan
+        return plan
+
+    def prepare(
+        self, record: Record, streams: list[str] | None = None, plans: Mapping[str, StreamPlan] | None = None
+    ) -> list[PreparedReport]:
+        """One :class:`PreparedReport` per stream (all streams, or the named ones in configuration order);
+        ``plans`` replaces the configured plan of some streams for this round (see :meth:`round_plan`)."""
         names = list(self.streams) if streams is None else [s for s in self.streams if s in set(streams)]
         out = []
         for name in names:
-            plan = self.streams[name]
+            plan = (plans or {}).get(name) or self.streams[name]
             canon = [record.canonical[d.name] for d in plan.dimensions]
             out.append(
                 PreparedReport(

@@ -88,3 +88,23 @@ def test_no_coordinator_key_means_no_rounds(tmp_path):
     a = Agent(cfg, CallableSource(lambda: {"cpu": 1.0}), secrets=new_identity(), transport=False).open()
     assert a.handle_round(_round("r")) is None and a.state.next_seq == 0
     a.close()
+
+
+def test_coordinator_stream_specs_are_followed_within_the_device_budget(tmp_path):
+    a = _agent(tmp_path)
+    specs = {
+        "cpu": {"kind": "numeric", "mechanism": "piecewise", "params": {"epsilon": 0.5}, "dims": ["cpu"]},
+        "mode": {"kind": "frequency", "mechanism": "oue", "params": {"epsilon": 1.0, "k": 3}, "dims": ["mode"]},
+        "temp": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 5.0}},  # above the device's ε
+        "other": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 1.0}},  # not on this device
+    }
+    out = a.handle_round(_round("spec", eps=2.0, params={"streams": specs}))
+    reps = {wire.decode_report(c.payload).stream: wire.decode_report(c.payload) for c in out.commits}
+    assert set(reps) == {"cpu", "mode"}
+    assert reps["cpu"].mechanism == "piecewise" and reps["mode"].mechanism == "oue"
+    assert len(reps["mode"].body["report"]) == 3
+    assert out.charged == 1.5
+    bad = {"mode": {"mechanism": "oue", "params": {"epsilon": 1.0, "k": 4}}}
+    out2 = a.handle_round(_round("spec2", eps=2.0, params={"streams": bad}))
+    assert not out2.commits
+    a.close()
