@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
 
-from protocols.hashing import P, hash_matrix
+from protocols.hashing import P, hash_matrix, hash_values
 from protocols.longitudinal import (
     DDRM,
     LGRR,
@@ -122,11 +122,27 @@ def test_transcript_bound_semantics():
 
 def test_support_counts_equals_hash_matrix():
     rng = np.random.default_rng(3)
-    for g in (2, 3, 5, 7, 64, 1000, 32767):
+    for g in (2, 3, 5, 7, 64, 1000, 32767, (1 << 20) + 7, (1 << 30) + 3):  # float64 path, then uint64 path
         seeds = rng.integers(0, 1 << 62, size=777)
         y = rng.integers(0, g, size=777)
-        expected = (hash_matrix(seeds, 301, g) == y[:, None]).sum(axis=0)
+        h = hash_matrix(seeds, 301, g)
+        y[:300] = h[np.arange(300), np.arange(300)]  # make sure every item has supporting reports
+        expected = (h == y[:, None]).sum(axis=0)
         np.testing.assert_array_equal(support_counts(seeds, y, 301, g, rows=100), expected)
+    # the float path's tightest cases: (a·v + b) mod P equal to 0 and to P - 1, at the largest float-path v
+    k_big = 1 << 20
+    a = rng.integers(1, P, size=8)
+    v = np.concatenate([np.full(4, k_big - 1), rng.integers(0, k_big, size=4)])
+    cols = np.unique(np.concatenate([v, rng.integers(0, k_big, size=300)]))
+    for residue in (0, P - 1):
+        b = (residue - a * v) % P  # a·v < 2^51: exact in int64
+        seeds = ((a - 1) << 31) | b
+        for g in (7, 1000):
+            y = hash_values(seeds, v, g)
+            assert np.all(y == residue % g)
+            counts = support_counts(seeds, y, k_big, g)
+            expected = (hash_values(seeds[:, None], cols[None, :], g) == y[:, None]).sum(axis=0)
+            np.testing.assert_array_equal(counts[cols], expected)
     with pytest.raises(ValueError, match=r"\[0, 4\)"):
         support_counts([1, 2], [0, 4], 10, 4)
 
