@@ -173,3 +173,25 @@ def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tm
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
+
+
+def test_broker_restart_mid_stream(mosquitto, tmp_path):
+    fleet = SimFleet(150)
+    reports = signed_reports(fleet, "r1")
+    cfg = CoordinatorConfig(db=str(tmp_path / "c.db"), mqtt_port=mosquitto.port, batch_ms=5)
+    with Coordinator(cfg) as coord:
+        coord.import_devices(fleet.enrollment())
+        coord.open_round("r1", 1.5, PARAMS)
+        pub = publisher(mosquitto.port)
+        half = len(reports) // 2
+        for topic, payload in reports[:half]:
+            pub.publish(topic, payload, qos=1).wait_for_publish(10)
+        mosquitto.restart()  # persistent sessions and queued messages survive (persistence on)
+        for topic, payload in reports[half:]:
+            pub.publish(topic, payload, qos=1)
+        assert wait_until(lambda: coord.metrics_snapshot()["stored_reports"] >= len(reports), 30)
+        pub.disconnect()
+        pub.loop_stop()
+        snap = coord.metrics_snapshot()
+        assert snap["stored_reports"] == snap["store"]["accepted"] == len(reports)
+        assert not snap["rejected"]
