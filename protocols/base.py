@@ -19,7 +19,6 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 __all__ = [
     "Mechanism",
@@ -107,6 +106,8 @@ def confidence_interval(
         raise ValueError(f"level must lie in (0, 1), got {level}")
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
+    from scipy import stats  # lazy: keeps scipy (~65 MiB) out of a device's memory
+
     z = stats.norm.ppf(0.5 + level / 2)
     half = z * np.sqrt(np.asarray(per_user_variance, dtype=float) / n)
     est = np.asarray(estimate, dtype=float)

@@ -14,7 +14,6 @@ import math
 from typing import Any, Literal
 
 import numpy as np
-from scipy import optimize, special
 
 from protocols.base import NumericMechanism, check_delta, check_epsilon, check_unit_interval
 
@@ -69,6 +68,8 @@ def gaussian_exact_delta(epsilon: float, sigma: float, sensitivity: float = SENS
     """
     a = sensitivity / (2 * sigma)
     b = epsilon * sigma / sensitivity
+    from scipy import special  # lazy: scipy is not loaded on devices unless needed
+
     first = float(special.ndtr(a - b))
     second = math.exp(epsilon + float(special.log_ndtr(-a - b)))
     return max(0.0, first - second)
@@ -90,6 +91,8 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = S
     hi = math.log(sensitivity)
     while excess(hi) > 0:
         hi += 2.0
+    from scipy import optimize
+
     root = optimize.brentq(excess, lo, hi, xtol=1e-14, rtol=1e-14, maxiter=500)
     sigma = math.exp(root)
     while gaussian_exact_delta(epsilon, sigma, sensitivity) > delta:

@@ -14,7 +14,6 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import optimize
 
 from protocols.base import NumericMechanism, check_unit_interval
 
@@ -50,6 +49,8 @@ def optimal_pdp_width(epsilon: float) -> float:
     values = np.array([float(pdp_variance(epsilon, w)) for w in grid])
     i = int(np.argmin(values))
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    from scipy import optimize  # lazy: loaded only when a PDP width is tuned
+
     res = optimize.minimize_scalar(
         lambda w: float(pdp_variance(epsilon, w)), bounds=(lo, hi), method="bounded", options={"xatol": 1e-10}
     )
