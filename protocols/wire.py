@@ -24,6 +24,7 @@ TOPIC_PREFIX = "haarvest/v1"
 #: Identifiers are topic-safe: no MQTT wildcards or separators.
 IDENT = r"^[A-Za-z0-9_.:-]{1,64}$"
 MAX_PAYLOAD = 64 * 1024
+MAX_INT64 = 2**63 - 1  # counters are stored as SQLite/PostgreSQL BIGINT
 
 Ident = Annotated[str, Field(pattern=IDENT)]
 
@@ -151,8 +152,8 @@ class Report(_Signed):
 
     v: Literal[1] = SCHEMA_VERSION
     device_id: Ident
-    boot: int = Field(ge=0)
-    seq: int = Field(ge=0)
+    boot: int = Field(ge=0, le=MAX_INT64)
+    seq: int = Field(ge=0, le=MAX_INT64)
     round_id: Ident
     stream: Ident
     mechanism: Ident
@@ -217,13 +218,21 @@ def verify_round(config: RoundConfig, key: Ed25519PublicKey) -> None:
     _verify(config.sig, config.signing_message(), key)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} is not allowed")
+
+
 def _decode(model: type[_Signed], payload: bytes) -> Any:
     if len(payload) > MAX_PAYLOAD:
         raise WireError("too_large", f"{len(payload)} bytes > {MAX_PAYLOAD}")
     try:
-        data = json.loads(payload)
+        data = json.loads(payload, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WireError("malformed", f"not JSON: {exc}") from None
+    except RecursionError:
+        raise WireError("malformed", "JSON nested too deeply") from None
+    except ValueError as exc:  # NaN / Infinity
+        raise WireError("malformed", str(exc)) from None
     if not isinstance(data, dict):
         raise WireError("malformed", "not a JSON object")
     try:

@@ -46,7 +46,9 @@ def test_unsigned_and_malformed():
         wire.verify_report(_report(), "t", wire.generate_signing_key().public_key())
     assert err.value.reason == "unsigned"
     for payload, reason in [(b"\xff", "malformed"), (b"[]", "malformed"), (b'{"v":1}', "schema"),
-                            (b"x" * (wire.MAX_PAYLOAD + 1), "too_large")]:
+                            (b"x" * (wire.MAX_PAYLOAD + 1), "too_large"),
+                            (b'{"a":NaN}', "malformed"), (b"[" * 100000 + b"]" * 100000, "too_large"),
+                            (b"[" * 20000 + b"]" * 20000, "malformed")]:
         with pytest.raises(wire.WireError) as err:
             wire.decode_report(payload)
         assert err.value.reason == reason
@@ -54,6 +56,8 @@ def test_unsigned_and_malformed():
         wire.device_id_from_topic("haarvest/v1/rounds/x")
     with pytest.raises(ValueError):
         _report(device_id="a/b")
+    with pytest.raises(ValueError):
+        _report(seq=2**63)
 
 
 def test_round_config_signing(key):
