@@ -25,10 +25,11 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import brentq, nnls
 
 from protocols.base import check_categories, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
+from protocols.longitudinal.chains import check_budget_pair
 from protocols.longitudinal.grr import check_category
 from protocols.longitudinal.memo import MemoStyle, encode_value
 from protocols.longitudinal.prf import prf_uniform
@@ -100,6 +101,31 @@ class RAPPOR(LongitudinalProtocol):
         p_star = 0.5 * self.f * (self.p + self.q) + (1 - self.f) * self.p
         self.q_star, self.p_star = q_star, p_star
         self.epsilon_1 = self.num_hashes * math.log(q_star * (1 - p_star) / (p_star * (1 - q_star)))
+
+    @classmethod
+    def from_budgets(
+        cls,
+        epsilon_inf: float,
+        epsilon_1: float,
+        num_bits: int = 128,
+        num_hashes: int = 2,
+        num_cohorts: int = 32,
+        domain_size: int | None = None,
+    ) -> RAPPOR:
+        """RAPPOR with the given (ε∞, ε1): f = 2/(1 + e^{ε∞/(2h)}) and a symmetric IRR p = 1 - q, q solved
+        numerically (ε1 grows from 0 at q = 1/2 to ε∞ at q = 1)."""
+        e_inf, e_1 = check_budget_pair(epsilon_inf, epsilon_1)
+        h = check_int(num_hashes, "num_hashes", 1)
+        f = 2.0 / (1.0 + math.exp(e_inf / (2 * h)))
+
+        def gap(q: float) -> float:
+            p = 1.0 - q
+            q_star = 0.5 * f * (p + q) + (1 - f) * q
+            p_star = 0.5 * f * (p + q) + (1 - f) * p
+            return h * math.log(q_star * (1 - p_star) / (p_star * (1 - q_star))) - e_1
+
+        q = brentq(gap, 0.5 + 1e-12, 1.0 - 1e-12, xtol=1e-15, rtol=1e-15)
+        return cls(num_bits, h, num_cohorts, f, 1.0 - q, q, domain_size)
 
     def params(self) -> dict[str, Any]:
         return {

@@ -100,6 +100,16 @@ def test_rappor_epsilon_one_matches_paper_formula():
     assert protocol.epsilon_1 == pytest.approx(2 * math.log(q_star * (1 - p_star) / (p_star * (1 - q_star))))
 
 
+def test_rappor_from_budgets_hits_both_epsilons():
+    for eps_inf, eps_1, h in ((2.0, 1.0, 1), (4.0, 0.5, 2), (1.0, 0.9, 4)):
+        protocol = RAPPOR.from_budgets(eps_inf, eps_1, num_hashes=h, domain_size=10)
+        assert protocol.epsilon_inf == pytest.approx(eps_inf, rel=1e-12)
+        assert protocol.epsilon_1 == pytest.approx(eps_1, rel=1e-9)
+        assert protocol.p == pytest.approx(1 - protocol.q)
+    with pytest.raises(ValueError, match="epsilon_1"):
+        RAPPOR.from_budgets(1.0, 1.5)
+
+
 def test_transcript_bound_semantics():
     protocol = LGRR(2.0, 1.0, 5)
     assert slot_pattern([7, 7, 3, 7]) == (0, 0, 1, 0)
