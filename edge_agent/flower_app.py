@@ -1,0 +1,380 @@
+"""Flower ``ClientApp``: the haarvest agent answering signed rounds over Flower's Message API.
+
+Flower is haarvest's second transport (``pip install 'haarvest[flower]'``). A SuperNode hosts one device (a Pi) or a
+*shard* of devices (a gateway, or a virtual SuperNode of a simulation); for every device it runs the SAME
+:class:`edge_agent.agent.Agent` — pipeline, privacy ledger, memo table, outbox — as the MQTT agent. Nothing about
+privacy changes with the transport:
+
+* the round configuration arrives as the coordinator's signed :class:`protocols.wire.RoundConfig` bytes, exactly as
+  published over MQTT, and each device verifies the Ed25519 signature against the coordinator key it was
+  provisioned with (the SuperLink and the ServerApp are not trusted);
+* the round's ε is clamped to the device's ``privacy.max_round_epsilon`` (or the round is refused, by the device's
+  ``round_policy``), and every report is charged in the device's ledger before it leaves (``Agent.report``);
+* a device answers a stream only if the round asks for the mechanism, parameters and bounds the device is configured
+  with — a report the coordinator would decode with other parameters would spend ε for a biased estimate;
+* replies carry the signed report payloads (topic + bytes) from the device's outbox; the coordinator validates
+  them with the same :class:`coordinator.validate.Validator` as MQTT reports.
+
+Messages (``flwr.app.Message``, category ``query``):
+
+``query.round``     request ``{"haarvest": ConfigRecord{"round": bytes, ["t": int]}}`` — the signed round config and,
+                    in simulations only, the simulated time step. Reply ``{"haarvest": ConfigRecord{"topics":
+                    [str], "payloads": [bytes], <counters>}}``.
+``query.announce``  reply ``{"haarvest": ConfigRecord{"device_ids": [str], "public_keys": [str]}}`` — the
+                    enrolment of the node's devices (public keys only; the coordinator decides whether to trust it).
+
+Delivery over Flower is at-most-once per reply: reports put in a reply are marked ``sent`` in the outbox (a reply
+lost in transit costs ε but never leaks anything); reports left ``pending`` by a crash are sent with the next reply
+(the coordinator drops exact copies as duplicates).
+
+Which devices a node hosts: a *host factory* installed with :func:`make_client_app` (simulations), else the node
+config key ``agent-config`` (one or more agent TOML paths separated by ``,``; ``flower-supernode --node-config
+"agent-config='/etc/haarvest/agent.toml'"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocols import wire
+
+from .agent import Agent, ReportOutcome
+from .config import AgentConfig, load_config, load_secrets
+
+__all__ = [
+    "ROUND_MESSAGE",
+    "ANNOUNCE_MESSAGE",
+    "RECORD_KEY",
+    "DeviceSpec",
+    "DeviceShard",
+    "ShardAnswer",
+    "answer_round",
+    "round_streams",
+    "make_client_app",
+    "app",
+]
+
+log = logging.getLogger("haarvest.flower.client")
+
+#: Flower message types (category ``query``, action ``round`` / ``announce``).
+ROUND_MESSAGE = "query.round"
+ANNOUNCE_MESSAGE = "query.announce"
+#: the RecordDict key of haarvest's ConfigRecord in requests and replies.
+RECORD_KEY = "haarvest"
+
+
+# --- one device, one round -----------------------------------------------------------------------------------
+
+
+def _spec_mismatch(plan: Any, spec: Any) -> str | None:
+    """Why the device cannot answer stream ``spec`` of a coordinator round with its configured ``plan`` (or None).
+
+    ``spec`` is one entry of ``RoundParams.streams`` as plain JSON (see :mod:`coordinator.schemas`): the device must
+    report with exactly the mechanism name and constructor parameters the coordinator decodes with, and numeric
+    streams must be normalised with the same bounds.
+    """
+    if not isinstance(spec, Mapping):
+        return "malformed"
+    mechanism = spec.get("mechanism")
+    if spec.get("kind") == "haar" or mechanism != plan.mechanism_name:
+        return "mechanism"
+    params = spec.get("params", {})
+    if not isinstance(params, Mapping) or dict(params) != dict(plan.params):
+        return "params"
+    bounds = spec.get("bounds")
+    if bounds is not None:
+        dims = plan.dimensions
+        if not isinstance(bounds, list) or len(bounds) != len(dims):
+            return "bounds"
+        for (lo, hi), d in zip(bounds, dims):
+            if d.kind != "numeric" or not (math.isclose(float(lo), float(d.lo)) and math.isclose(float(hi), float(d.hi))):
+                return "bounds"
+    return None
+
+
+def round_streams(agent: Agent, params: Mapping[str, Any]) -> tuple[list[str] | None, list[tuple[str, str]]]:
+    """The streams of ``agent`` a round asks for, and the ones it skips as ``(stream, reason)``.
+
+    ``params["streams"]`` may be the coordinator's mapping ``{stream: StreamSpec}`` (each spec must match the
+    device's configuration, :func:`_spec_mismatch`), a list of stream names, or absent (every stream).
+    """
+    streams = params.get("streams")
+    if streams is None:
+        return None, []
+    pipeline = agent.pipeline
+    assert pipeline is not None
+    if isinstance(streams, list):
+        if not all(isinstance(s, str) for s in streams):
+            raise ValueError("params.streams must be a list of names or a mapping of stream specs")
+        return [s for s in streams if s in pipeline.streams], [(s, "unknown") for s in streams if s not in pipeline.streams]
+    if not isinstance(streams, Mapping):
+        raise ValueError("params.streams must be a list of names or a mapping of stream specs")
+    asked: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    for name, spec in streams.items():
+        plan = pipeline.streams.get(name)
+        if plan is None:
+            skipped.append((name, "unknown"))
+            continue
+        why = _spec_mismatch(plan, spec)
+        if why is None:
+            asked.append(name)
+        else:
+            skipped.append((name, why))
+    return asked, skipped
+
+
+def answer_round(agent: Agent, payload: bytes, now: float | None = None) -> tuple[str, ReportOutcome | None]:
+    """Verify a signed round configuration and answer it through the agent's pipeline and ledger.
+
+    Returns ``(status, outcome)`` with status ``answered`` (outcome holds the commits), or one of ``malformed``,
+    ``no_coordinator_key``, ``bad_signature``, ``seen`` (already answered or refused: a round is answered at most
+    once, across reboots), ``expired``, ``refused_epsilon`` (ε above the device maximum with ``round_policy =
+    "refuse"``), ``no_streams`` (nothing this device can answer). The same checks as
+    :meth:`edge_agent.agent.Agent.handle_round`; here the round's streams may be the coordinator's
+    ``{stream: spec}`` mapping, and a stream is answered only when its spec matches the device's configuration.
+    """
+    state = agent.state
+    if state is None or agent.pipeline is None:
+        raise RuntimeError("agent is not open (call open())")
+    try:
+        rc = wire.decode_round(payload)
+    except wire.WireError as exc:
+        log.warning("round config rejected", extra={"event": "round_rejected", "reason": exc.reason})
+        return "malformed", None
+    key = agent.coordinator_key
+    if key is None:
+        return "no_coordinator_key", None
+    try:
+        wire.verify_round(rc, key)
+    except wire.WireError as exc:
+        log.warning("round config rejected", extra={"event": "round_rejected", "round_id": rc.round_id,
+                                                    "reason": exc.reason})
+        return "bad_signature", None
+    if state.round_seen(rc.round_id) is not None:
+        return "seen", None
+    now = agent.clock() if now is None else now
+    if rc.not_after is not None and now > rc.not_after:
+        state.record_round(rc.round_id, "expired")
+        return "expired", None
+    epsilon = rc.epsilon
+    max_eps = agent.config.privacy.max_round_epsilon
+    clamped = False
+    if epsilon > max_eps:
+        if agent.config.privacy.round_policy == "refuse":
+            state.record_round(rc.round_id, "refused", f"epsilon {epsilon} > max {max_eps}")
+            return "refused_epsilon", None
+        epsilon, clamped = max_eps, True
+    try:
+        streams, skipped = round_streams(agent, rc.params)
+    except ValueError as exc:
+        state.record_round(rc.round_id, "refused", str(exc))
+        return "malformed", None
+    if skipped:
+        log.info("round streams skipped", extra={"event": "round_streams_skipped", "round_id": rc.round_id,
+                                                 "skipped": skipped})
+    if streams is not None and not streams:
+        state.record_round(rc.round_id, "refused", f"no answerable streams: {skipped}")
+        return "no_streams", None
+    # recorded before answering: a crash mid-round never answers the same round twice
+    state.record_round(rc.round_id, "answered", "clamped" if clamped else "")
+    outcome = agent.report(rc.round_id, streams=streams, round_cap=epsilon)
+    outcome.refused.extend((s, f"mismatch_{why}") for s, why in skipped)
+    return ("answered_clamped" if clamped else "answered"), outcome
+
+
+# --- a shard of devices --------------------------------------------------------------------------------------
+
+
+@dataclass
+class DeviceSpec:
+    """How to build one hosted device: its configuration and a zero-argument source factory (None: the configured
+    sources). ``create_identity`` creates the key files on first use (simulations; devices use ``agent enroll``)."""
+
+    config: AgentConfig
+    source: Callable[[], Any] | None = None
+    create_identity: bool = False
+
+
+@dataclass
+class ShardAnswer:
+    """A node's reply to one round: signed report payloads and their topics, plus counters."""
+
+    topics: list[str] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+    counters: Counter[str] = field(default_factory=Counter)
+
+    def to_record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"topics": self.topics, "payloads": self.payloads}
+        out.update({f"n.{k}": int(v) for k, v in self.counters.items()})
+        return out
+
+
+def _open_budget() -> int:
+    """How many agents one process may keep open: each open SQLite database in WAL mode holds 3 descriptors."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(16, (int(soft) - 512) // 4)
+
+
+class _OpenAgents:
+    """Process-wide LRU of open agents (keyed by state directory), bounded by the descriptor budget."""
+
+    def __init__(self) -> None:
+        self.agents: OrderedDict[str, Agent] = OrderedDict()
+        self.capacity = _open_budget()
+        self.opened = 0
+        self.evicted = 0
+
+    def get(self, spec: DeviceSpec) -> Agent:
+        key = str(spec.config.state_dir)
+        agent = self.agents.get(key)
+        if agent is not None:
+            self.agents.move_to_end(key)
+            return agent
+        while len(self.agents) >= self.capacity:
+            _, old = self.agents.popitem(last=False)
+            old.close()
+            self.evicted += 1
+        cfg = spec.config
+        if spec.create_identity and not cfg.signing_key_path.exists():
+            from .config import create_secrets
+
+            secrets = create_secrets(cfg)
+        else:
+            secrets = load_secrets(cfg)
+        agent = Agent(cfg, source=spec.source() if spec.source is not None else None, secrets=secrets, transport=False)
+        agent.open()
+        self.agents[key] = agent
+        self.opened += 1
+        return agent
+
+    def close_all(self) -> None:
+        while self.agents:
+            _, agent = self.agents.popitem(last=False)
+            agent.close()
+
+
+OPEN_AGENTS = _OpenAgents()
+
+
+class DeviceShard:
+    """The devices one SuperNode hosts. Agents stay open across rounds (process-wide LRU, :data:`OPEN_AGENTS`).
+
+    ``before_round(t)`` is called with the message's simulated time step (simulations move their sources' clock).
+    """
+
+    def __init__(self, devices: Sequence[DeviceSpec], before_round: Callable[[int], None] | None = None,
+                 max_reports_per_device: int = 1000) -> None:
+        if not devices:
+            raise ValueError("a shard needs at least one device")
+        ids = [d.config.device_id for d in devices]
+        if len(set(ids)) != len(ids):
+            raise ValueError("device ids in a shard must be distinct")
+        self.devices = list(devices)
+        self.before_round = before_round
+        self.max_reports_per_device = int(max_reports_per_device)
+
+    def agents(self) -> list[Agent]:
+        return [OPEN_AGENTS.get(d) for d in self.devices]
+
+    def announce(self) -> tuple[list[str], list[str]]:
+        """(device ids, base64 Ed25519 public keys) of the hosted devices."""
+        agents = self.agents()
+        return [a.config.device_id for a in agents], [a.secrets.public_key_b64 for a in agents]
+
+    def answer(self, round_payload: bytes, t: int | None = None) -> ShardAnswer:
+        """Every hosted device answers the round (or refuses it); the reply carries each device's pending reports."""
+        if self.before_round is not None and t is not None:
+            self.before_round(int(t))
+        out = ShardAnswer()
+        for spec in self.devices:
+            agent = OPEN_AGENTS.get(spec)
+            status, outcome = answer_round(agent, round_payload)
+            out.counters[f"status.{status}"] += 1
+            if outcome is not None:
+                out.counters["charged_reports"] += sum(1 for c in outcome.commits if not c.memo_hit)
+                out.counters["memo_hits"] += sum(1 for c in outcome.commits if c.memo_hit)
+                for _, reason in outcome.refused:
+                    out.counters[f"refused.{reason}"] += 1
+            state = agent.state
+            assert state is not None
+            rows = state.pending(limit=self.max_reports_per_device)
+            if rows:
+                for row in rows:
+                    out.topics.append(row.topic)
+                    out.payloads.append(row.payload)
+                state.mark_sent([row.seq for row in rows])
+        out.counters["devices"] = len(self.devices)
+        return out
+
+
+# --- the ClientApp -------------------------------------------------------------------------------------------
+
+HostFactory = Callable[[Mapping[str, Any]], DeviceShard]
+_HOSTS: dict[Any, DeviceShard] = {}
+
+
+def _config_host(node_config: Mapping[str, Any]) -> DeviceShard:
+    """Deployment: the devices named by node config ``agent-config`` (agent TOML paths separated by ``,``)."""
+    paths = str(node_config.get("agent-config", "")).strip()
+    if not paths:
+        raise ValueError("this SuperNode has no haarvest devices: set --node-config \"agent-config='<agent.toml>'\"")
+    key = ("config", paths)
+    host = _HOSTS.get(key)
+    if host is None:
+        host = DeviceShard([DeviceSpec(load_config(Path(p.strip()))) for p in paths.split(",") if p.strip()])
+        _HOSTS[key] = host
+    return host
+
+
+def make_client_app(host_factory: HostFactory | None = None) -> Any:
+    """A Flower ``ClientApp`` answering ``query.round`` and ``query.announce``.
+
+    ``host_factory(node_config) -> DeviceShard`` picks the node's devices (simulations pass a picklable factory: the
+    app is shipped to simulation workers); None reads the node config key ``agent-config``. A factory should cache
+    its shards (workers call it for every message).
+    """
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+    from flwr.clientapp import ClientApp
+
+    client_app = ClientApp()
+
+    def host_for(context: Context) -> DeviceShard:
+        node_config = dict(context.node_config)
+        return host_factory(node_config) if host_factory is not None else _config_host(node_config)
+
+    @client_app.query("round")
+    def round_query(msg: Message, context: Context) -> Message:
+        record = msg.content[RECORD_KEY]
+        payload = record["round"]
+        if not isinstance(payload, bytes):
+            raise ValueError("query.round needs the signed round configuration as bytes under 'round'")
+        t = record.get("t")
+        answer = host_for(context).answer(payload, int(t) if t is not None else None)
+        return Message(RecordDict({RECORD_KEY: ConfigRecord(answer.to_record())}), reply_to=msg)
+
+    @client_app.query("announce")
+    def announce_query(msg: Message, context: Context) -> Message:
+        ids, keys = host_for(context).announce()
+        return Message(RecordDict({RECORD_KEY: ConfigRecord({"device_ids": ids, "public_keys": keys})}), reply_to=msg)
+
+    return client_app
+
+
+def __getattr__(name: str) -> Any:
+    # ``app`` (the deployment ClientApp, referenced as ``edge_agent.flower_app:app``) is built on first access so
+    # importing this module does not need flwr.
+    if name == "app":
+        value = make_client_app()
+        globals()["app"] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,403 @@
+"""Federated simulation of a large haarvest fleet on Flower's Simulation Runtime (``haarvest simulate flower``).
+
+Every virtual SuperNode hosts a *shard* of devices (one node per device makes Flower's dispatcher quadratic in the
+number of nodes) and answers each round with one report per device and stream. Each device is a real
+:class:`edge_agent.agent.Agent` — pipeline, SQLite ledger, memo table, outbox, Ed25519 identity — driven by
+:class:`edge_agent.flower_app.DeviceShard`; the coordinator side is :class:`coordinator.flower_app.FlowerCoordinator`
+(signed rounds, planners, validation, store, estimates). Nothing is re-implemented for the simulation: only the data
+source and the simulated clock are.
+
+**Data.** Device i holds row ``i mod 45,222`` of the Adult data (``adult-coarse.dat``: first line the row count,
+then comma-separated coarse integer rows; SPEC §6) and Syn user ``i mod n_syn`` (SPEC §6: n = 10,000 users,
+τ = 120 collections, k = 360 values; :mod:`simulations.syn`) as an evolving 16th column; round r reads Syn time
+step r. Streams (ε each, one device answers all of them per round):
+
+* ``age``  — Adult V1 (16 levels) as a numeric dimension in [0, 15], Hybrid mechanism (mean);
+* ``edu``  — Adult V4 (16 categories), OUE (frequencies);
+* ``syn``  — the evolving Syn value (360 categories), OLH (per-round frequencies).
+
+The truth of every round (means and marginals of exactly the simulated devices) is returned with the estimates.
+Device noise uses OS entropy (product code); the data are drawn from a seeded generator.
+
+Shards are created lazily in the simulation workers (Ray actors) by a small picklable :class:`SimHostFactory`;
+device state lives in ``workdir`` (by default a fresh directory under /dev/shm when it exists: the agents commit
+every report with ``synchronous=FULL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+for _var, _val in (("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1"),
+                   ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"), ("RAY_DEDUP_LOGS", "0"),
+                   ("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")):
+    os.environ.setdefault(_var, _val)
+
+__all__ = [
+    "ADULT_PATH",
+    "STREAMS",
+    "SimFleetSpec",
+    "SimHostFactory",
+    "FlowerSimResult",
+    "load_adult",
+    "syn_values",
+    "fleet_data",
+    "device_config",
+    "round_params",
+    "truth",
+    "run_flower_simulation",
+    "add_arguments",
+    "run_from_args",
+]
+
+ADULT_PATH = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "adult" / "adult-coarse.dat"
+
+#: stream name → (dimension kind, Adult column or None for Syn, domain, mechanism)
+STREAMS: dict[str, tuple[str, int | None, int, str]] = {
+    "age": ("numeric", 0, 16, "hybrid"),
+    "edu": ("categorical", 3, 16, "oue"),
+    "syn": ("categorical", None, 360, "olh"),
+}
+
+
+# --- data -----------------------------------------------------------------------------------------------------
+
+
+def load_adult(path: str | Path = ADULT_PATH) -> np.ndarray:
+    """The coarse Adult table as an (n, 15) int array (first line of the file: the row count)."""
+    p = Path(path)
+    with open(p) as fh:
+        n = int(fh.readline().split()[0])
+        data = np.loadtxt(fh, delimiter=",", dtype=np.int64, ndmin=2)
+    if data.shape[0] != n:
+        raise ValueError(f"{p}: header says {n} rows, found {data.shape[0]}")
+    return data
+
+
+def syn_values(n_users: int, steps: int, k: int, p_change: float, rng: np.random.Generator) -> np.ndarray:
+    """Syn (SPEC §6) from :func:`simulations.syn.generate_syn`: ``(n_users, steps)`` values in [0, k)."""
+    from simulations.syn import generate_syn
+
+    return generate_syn(rng, n=n_users, tau=steps, k=k, change_prob=p_change)
+
+
+@dataclass(frozen=True)
+class SimFleetSpec:
+    """Everything a simulation worker needs to build its shards (small: it is pickled with every message)."""
+
+    run_id: str
+    n_devices: int
+    shard_size: int
+    state_root: str
+    coordinator_public_key: str
+    seed: int = 0
+    adult_path: str = str(ADULT_PATH)
+    syn_users: int = 10_000
+    syn_steps: int = 120
+    syn_p_change: float = 0.25
+    epsilon: float = 1.0
+    streams: tuple[str, ...] = ("age", "edu", "syn")
+
+    @property
+    def n_shards(self) -> int:
+        return math.ceil(self.n_devices / self.shard_size)
+
+    def shard_devices(self, partition: int) -> range:
+        if not 0 <= partition < self.n_shards:
+            raise ValueError(f"partition {partition} outside [0, {self.n_shards})")
+        return range(partition * self.shard_size, min((partition + 1) * self.shard_size, self.n_devices))
+
+    @property
+    def max_round_epsilon(self) -> float:
+        return self.epsilon * len(self.streams)
+
+
+_DATA: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def fleet_data(spec: SimFleetSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(Adult columns per device (n_devices, 15), Syn values per device (n_devices, syn_steps)); cached per process."""
+    key = (spec.adult_path, spec.seed, spec.n_devices, spec.syn_users, spec.syn_steps, spec.syn_p_change)
+    hit = _DATA.get(key)
+    if hit is None:
+        adult = load_adult(spec.adult_path)
+        rng = np.random.default_rng(spec.seed)
+        syn = syn_values(spec.syn_users, spec.syn_steps, STREAMS["syn"][2], spec.syn_p_change, rng)
+        ids = np.arange(spec.n_devices)
+        hit = (adult[ids % adult.shape[0]], syn[ids % spec.syn_users])
+        _DATA.clear()
+        _DATA[key] = hit
+    return hit
+
+
+def truth(spec: SimFleetSpec, t: int) -> dict[str, np.ndarray]:
+    """The population statistics the estimates target at time step t: the mean of ``age``, the marginals of
+    ``edu`` and ``syn`` over the simulated devices."""
+    adult, syn = fleet_data(spec)
+    out: dict[str, np.ndarray] = {}
+    for name in spec.streams:
+        kind, col, k, _ = STREAMS[name]
+        values = adult[:, col] if col is not None else syn[:, t % spec.syn_steps]
+        out[name] = np.array([values.mean()]) if kind == "numeric" else np.bincount(values, minlength=k) / values.size
+    return out
+
+
+def device_config(spec: SimFleetSpec, device: int) -> Any:
+    """Device ``device``'s agent configuration (the same schema as a device's TOML file)."""
+    from edge_agent.embed import categorical, numeric, simple_config
+
+    dims, streams = [], []
+    for name in spec.streams:
+        kind, _, k, mech = STREAMS[name]
+        dims.append(numeric(name, 0, k - 1) if kind == "numeric" else categorical(name, k))
+        streams.append({"name": name, "dimensions": [name], "mechanism": mech, "epsilon": spec.epsilon})
+    return simple_config(
+        f"sim-{device:06d}", Path(spec.state_root) / f"d{device // 1000:04d}" / f"{device:06d}", dims, streams,
+        epsilon=spec.epsilon, total_cap=1e6, coordinator_public_key=spec.coordinator_public_key,
+        privacy={"max_round_epsilon": spec.max_round_epsilon, "round_policy": "clamp"},
+    )
+
+
+def round_params(spec: SimFleetSpec) -> dict[str, Any]:
+    """The coordinator's base :class:`coordinator.schemas.RoundParams` matching :func:`device_config`."""
+    streams: dict[str, Any] = {}
+    for name in spec.streams:
+        kind, _, k, mech = STREAMS[name]
+        if kind == "numeric":
+            streams[name] = {"kind": "numeric", "mechanism": mech, "params": {"epsilon": spec.epsilon},
+                             "dims": [name], "bounds": [[0.0, float(k - 1)]]}
+        else:
+            streams[name] = {"kind": "frequency", "mechanism": mech, "params": {"epsilon": spec.epsilon, "k": k},
+                             "dims": [name]}
+    return {"streams": streams}
+
+
+# --- simulation workers ---------------------------------------------------------------------------------------
+
+_CLOCK: dict[str, int] = {}
+_SHARDS: dict[tuple[str, int], Any] = {}
+
+
+class _Reading:
+    """Device i's reading at the worker's simulated time step (a zero-argument callable source)."""
+
+    __slots__ = ("spec", "device")
+
+    def __init__(self, spec: SimFleetSpec, device: int) -> None:
+        self.spec, self.device = spec, device
+
+    def __call__(self) -> dict[str, Any]:
+        adult, syn = fleet_data(self.spec)
+        t = _CLOCK.get(self.spec.run_id, 0)
+        out: dict[str, Any] = {}
+        for name in self.spec.streams:
+            _, col, _, _ = STREAMS[name]
+            out[name] = int(adult[self.device, col]) if col is not None else int(syn[self.device, t % self.spec.syn_steps])
+        return out
+
+
+@dataclass(frozen=True)
+class SimHostFactory:
+    """``host_factory`` for :func:`edge_agent.flower_app.make_client_app`: node config ``partition-id`` → shard."""
+
+    spec: SimFleetSpec
+
+    def __call__(self, node_config: dict[str, Any]) -> Any:
+        from edge_agent.flower_app import DeviceShard, DeviceSpec
+        from edge_agent.sources import CallableSource
+
+        partition = int(node_config["partition-id"])
+        key = (self.spec.run_id, partition)
+        shard = _SHARDS.get(key)
+        if shard is None:
+            spec = self.spec
+            run_id = spec.run_id
+
+            def set_clock(t: int) -> None:
+                _CLOCK[run_id] = t
+
+            devices = [DeviceSpec(device_config(spec, i), source=lambda i=i: CallableSource(_Reading(spec, i)),
+                                  create_identity=True) for i in spec.shard_devices(partition)]
+            shard = DeviceShard(devices, before_round=set_clock)
+            _SHARDS[key] = shard
+        return shard
+
+
+# --- the driver -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FlowerSimResult:
+    """Round summaries (:class:`coordinator.flower_app.RoundSummary`), the truth of every round, timings."""
+
+    spec: SimFleetSpec
+    summaries: list[Any]
+    truths: list[dict[str, np.ndarray]]
+    startup_seconds: float
+    round_seconds: list[float]
+    total_seconds: float
+    n_nodes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "devices": self.spec.n_devices,
+            "nodes": self.n_nodes,
+            "shard_size": self.spec.shard_size,
+            "startup_seconds": self.startup_seconds,
+            "round_seconds": self.round_seconds,
+            "total_seconds": self.total_seconds,
+            "rounds": [
+                {**s.to_dict(), "truth": {k: v.tolist() for k, v in t.items()}}
+                for s, t in zip(self.summaries, self.truths)
+            ],
+        }
+
+
+def _default_workdir() -> Path:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="haarvest-flower-", dir=base))
+
+
+def run_flower_simulation(
+    devices: int = 1000,
+    *,
+    shard_size: int | None = None,
+    nodes: int | None = None,
+    rounds: int = 2,
+    seed: int = 0,
+    epsilon: float = 1.0,
+    streams: tuple[str, ...] = ("age", "edu", "syn"),
+    workdir: str | Path | None = None,
+    keep_workdir: bool = False,
+    timeout: float = 600.0,
+    level: float = 0.95,
+    worker_cpus: float = 1.0,
+    ray_cpus: int | None = None,
+    planner: dict[str, Any] | None = None,
+    adult_path: str | Path = ADULT_PATH,
+    verbose: bool = False,
+) -> FlowerSimResult:
+    """Simulate ``devices`` devices in ``nodes`` virtual SuperNodes (or shards of ``shard_size``) for ``rounds``
+    rounds on Flower's Simulation Runtime (Ray). Round 1 uses the base parameters, later rounds are planned from the
+    earlier rounds' estimates. Needs ``flwr[simulation]==1.41.0``.
+
+    ``worker_cpus``: CPUs per simulation worker (Ray actor); ``ray_cpus``: CPUs Ray may use (default: all).
+    """
+    if devices < 1 or rounds < 1:
+        raise ValueError("need devices >= 1 and rounds >= 1")
+    unknown = sorted(set(streams) - set(STREAMS))
+    if unknown or not streams:
+        raise ValueError(f"unknown streams {unknown}; choose from {sorted(STREAMS)}")
+    if shard_size is None:
+        n_nodes = nodes if nodes is not None else max(1, min(devices, math.ceil(devices / 500)))
+        shard_size = math.ceil(devices / n_nodes)
+    if shard_size < 1:
+        raise ValueError("shard_size must be >= 1")
+
+    from flwr.simulation import run_simulation
+
+    from coordinator.flower_app import FlowerCoordinator, FlowerSettings, make_server_app
+    from coordinator.store import open_store
+    from edge_agent.flower_app import make_client_app
+    from protocols import wire
+
+    t_start = time.perf_counter()
+    root = Path(workdir) if workdir is not None else _default_workdir()
+    root.mkdir(parents=True, exist_ok=True)
+    key = wire.generate_signing_key()
+    spec = SimFleetSpec(
+        run_id=f"{os.getpid()}-{time.time_ns()}", n_devices=devices, shard_size=shard_size,
+        state_root=str(root / "devices"), coordinator_public_key=wire.public_key_b64(key), seed=seed,
+        adult_path=str(adult_path), epsilon=epsilon, streams=tuple(streams),
+    )
+    n_nodes = spec.n_shards
+    store = open_store(root / "coordinator.sqlite3")
+    settings = FlowerSettings(
+        base_params=round_params(spec), rounds=rounds, epsilon=spec.max_round_epsilon, round_prefix="sim",
+        timeout=timeout, min_nodes=n_nodes, node_wait=timeout, enroll="announce", level=level, send_time=True,
+        planner=dict(planner or {}),
+    )
+    coordinator = FlowerCoordinator(store, key, settings)
+    marks: dict[str, float] = {}
+    original_run_round = coordinator.run_round
+
+    def timed_run_round(grid: Any, index: int, nodes_: Any = None) -> Any:
+        marks.setdefault("first_round", time.perf_counter())
+        return original_run_round(grid, index, nodes_)
+
+    coordinator.run_round = timed_run_round  # type: ignore[method-assign]
+    done: list[Any] = []
+    server_app = make_server_app(coordinator, on_done=done.append)
+    client_app = make_client_app(SimHostFactory(spec))
+    init_args: dict[str, Any] = {"include_dashboard": False, "object_store_memory": 256 * 1024 * 1024,
+                                 "ignore_reinit_error": True}
+    if ray_cpus is not None:
+        init_args["num_cpus"] = int(ray_cpus)
+    backend_config = {"client_resources": {"num_cpus": float(worker_cpus), "num_gpus": 0.0}, "init_args": init_args}
+    try:
+        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n_nodes,
+                       backend_config=backend_config, verbose_logging=verbose)
+        if not done:
+            raise RuntimeError("the Flower simulation ended before the rounds completed")
+        summaries = done[0]
+        truths = [truth(spec, t) for t in range(len(summaries))]
+        total = time.perf_counter() - t_start
+        startup = marks.get("first_round", time.perf_counter()) - t_start
+        return FlowerSimResult(spec=spec, summaries=summaries, truths=truths, startup_seconds=startup,
+                               round_seconds=[s.seconds for s in summaries], total_seconds=total, n_nodes=n_nodes)
+    finally:
+        store.close()
+        if workdir is None and not keep_workdir:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+# --- command line (registered by simulations/cli.py) ----------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``haarvest simulate flower``."""
+    parser.add_argument("--devices", type=int, default=1000, help="simulated devices (default 1000)")
+    parser.add_argument("--shard-size", type=int, default=None, help="devices per virtual SuperNode (default: 500)")
+    parser.add_argument("--nodes", type=int, default=None, help="virtual SuperNodes (alternative to --shard-size)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="data seed (device noise always uses OS entropy)")
+    parser.add_argument("--epsilon", type=float, default=1.0, help="ε per stream and report")
+    parser.add_argument("--streams", default="age,edu,syn", help="comma-separated subset of age,edu,syn")
+    parser.add_argument("--workdir", default=None, help="device and coordinator state (default: a temp dir, removed)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-round straggler timeout (s)")
+    parser.add_argument("--worker-cpus", type=float, default=1.0, help="CPUs per simulation worker")
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """``haarvest simulate flower``: run and print a summary (or JSON with ``--json``)."""
+    result = run_flower_simulation(
+        args.devices, shard_size=args.shard_size, nodes=args.nodes, rounds=args.rounds, seed=args.seed,
+        epsilon=args.epsilon, streams=tuple(s.strip() for s in args.streams.split(",") if s.strip()),
+        workdir=args.workdir, timeout=args.timeout, worker_cpus=args.worker_cpus,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0
+    print(f"{result.spec.n_devices} devices in {result.n_nodes} nodes; start-up {result.startup_seconds:.1f} s")
+    for s, t in zip(result.summaries, result.truths):
+        print(f"{s.round_id}: {s.accepted} reports accepted, rejected {dict(s.rejected)}, {s.seconds:.2f} s")
+        for name, est in s.estimates.items():
+            if est.error:
+                print(f"  {name}: error {est.error}")
+                continue
+            err = np.abs(np.asarray(est.raw) - t[name])
+            print(f"  {name}: n={est.n} max|est-truth|={err.max():.4f} max se={max(est.stderr):.4f}")
+    return 0

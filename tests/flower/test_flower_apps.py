@@ -1,0 +1,189 @@
+"""ServerApp and ClientApp without Ray: round verification and ε clamping on the device, validation on the
+coordinator, stragglers, tampered reports, interactive planning (a loopback Grid short-circuits the SuperLink)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from coordinator.flower_app import FlowerCoordinator, FlowerSettings  # noqa: E402
+from coordinator.rounds import plan_round  # noqa: E402
+from coordinator.schemas import parse_round_params  # noqa: E402
+from coordinator.store import open_store  # noqa: E402
+from edge_agent.agent import Agent  # noqa: E402
+from edge_agent.embed import new_identity  # noqa: E402
+from edge_agent.flower_app import DeviceShard, DeviceSpec, OPEN_AGENTS, answer_round, make_client_app  # noqa: E402
+from edge_agent.sources import IterableSource  # noqa: E402
+from protocols import wire  # noqa: E402
+from simulations.flower_sim import SimFleetSpec, SimHostFactory, device_config, round_params  # noqa: E402
+
+from .loopback import LoopbackGrid  # noqa: E402
+
+
+def _spec(fast_path, key, n=40, shard=10, **kw) -> SimFleetSpec:
+    return SimFleetSpec(run_id=f"t-{fast_path.name}", n_devices=n, shard_size=shard, state_root=str(fast_path / "dev"),
+                        coordinator_public_key=wire.public_key_b64(key), **kw)
+
+
+@pytest.fixture(autouse=True)
+def _close_agents():
+    yield
+    OPEN_AGENTS.close_all()
+
+
+def _round(key, round_id="r1", epsilon=3.0, params=None, **kw) -> bytes:
+    rc = wire.RoundConfig(round_id=round_id, protocol="flower", epsilon=epsilon, params=params or {}, **kw)
+    return wire.sign_round(rc, key).to_bytes()
+
+
+def _agent(fast_path, key, **privacy) -> Agent:
+    spec = _spec(fast_path, key)
+    cfg = device_config(spec, 7)
+    if privacy:
+        cfg = cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update=privacy)})
+    agent = Agent(cfg, source=IterableSource([{"age": 5, "edu": 3, "syn": 100}] * 20), secrets=new_identity(),
+                  transport=False)
+    return agent.open()
+
+
+def test_device_verifies_and_answers_once(fast_path):
+    key = wire.generate_signing_key()
+    params = round_params(_spec(fast_path, key))
+    agent = _agent(fast_path, key)
+    try:
+        status, outcome = answer_round(agent, _round(key, params=params))
+        assert status == "answered" and len(outcome.commits) == 3
+        assert sum(c.charged for c in outcome.commits) == pytest.approx(3.0)
+        assert answer_round(agent, _round(key, params=params))[0] == "seen"  # a round is answered at most once
+        forged = _round(wire.generate_signing_key(), "r2", params=params)
+        assert answer_round(agent, forged) == ("bad_signature", None)
+        tampered = json.loads(_round(key, "r3", params=params))
+        tampered["epsilon"] = 0.5
+        assert answer_round(agent, json.dumps(tampered).encode()) == ("bad_signature", None)
+        assert answer_round(agent, b"{not json") == ("malformed", None)
+        assert answer_round(agent, _round(key, "r4", params=params, not_after=1.0))[0] == "expired"
+        assert agent.state.spent() == pytest.approx(3.0)
+    finally:
+        agent.close()
+
+
+def test_device_clamps_epsilon_to_its_maximum(fast_path):
+    key = wire.generate_signing_key()
+    params = round_params(_spec(fast_path, key))
+    agent = _agent(fast_path, key, max_round_epsilon=2.0)
+    try:
+        status, outcome = answer_round(agent, _round(key, epsilon=50.0, params=params))
+        assert status == "answered_clamped"
+        assert sum(c.charged for c in outcome.commits) == pytest.approx(2.0)  # the third stream exceeds the clamp
+        assert [reason for _, reason in outcome.refused] == ["round_budget"]
+    finally:
+        agent.close()
+    refusing = _agent(fast_path / "b", key, max_round_epsilon=2.0, round_policy="refuse")
+    try:
+        assert answer_round(refusing, _round(key, epsilon=50.0, params=params)) == ("refused_epsilon", None)
+        assert refusing.state.spent() == 0.0
+    finally:
+        refusing.close()
+
+
+def test_device_skips_streams_it_would_misreport(fast_path):
+    key = wire.generate_signing_key()
+    params = round_params(_spec(fast_path, key))
+    params["streams"]["age"]["params"] = {"epsilon": 2.0}  # the coordinator would decode with another ε
+    params["streams"]["edu"]["mechanism"] = "grr"
+    agent = _agent(fast_path, key)
+    try:
+        status, outcome = answer_round(agent, _round(key, params=params))
+        assert status == "answered"
+        assert [c.topic for c in outcome.commits] == [wire.report_topic(agent.config.device_id)]
+        assert sorted(outcome.refused) == [("age", "mismatch_params"), ("edu", "mismatch_mechanism")]
+        assert agent.state.spent() == pytest.approx(1.0)
+        bounds = round_params(_spec(fast_path, key))
+        bounds["streams"] = {"age": {**bounds["streams"]["age"], "bounds": [[0.0, 100.0]]}}
+        assert answer_round(agent, _round(key, "r2", params=bounds)) == ("no_streams", None)
+    finally:
+        agent.close()
+
+
+def _coordinator(fast_path, spec_factory, rounds=2, **kw):
+    key = wire.generate_signing_key()
+    spec = spec_factory(key)
+    store = open_store(fast_path / "coord.sqlite3")
+    settings = FlowerSettings(base_params=round_params(spec), rounds=rounds, epsilon=spec.max_round_epsilon,
+                              enroll="announce", send_time=True, timeout=kw.pop("timeout", 30.0), node_wait=0, **kw)
+    return spec, store, FlowerCoordinator(store, key, settings)
+
+
+def test_rounds_over_loopback_grid(fast_path):
+    spec, store, coord = _coordinator(fast_path, lambda k: _spec(fast_path, k, n=40, shard=10))
+    grid = LoopbackGrid(make_client_app(SimHostFactory(spec)), {100 + p: {"partition-id": p} for p in range(4)})
+    try:
+        s1, s2 = coord.run(grid)
+        assert (s1.nodes_replied, s1.accepted, dict(s1.rejected)) == (4, 120, {})
+        assert s1.device_counters["status.answered"] == 40 and s1.device_counters["charged_reports"] == 120
+        # round 2 was planned from round 1's published aggregates only
+        assert s2.config.depends_on == [s1.round_id]
+        planned = plan_round(parse_round_params(round_params(spec)), [(s1.round_id, s1.estimates)])
+        assert s2.config.params == planned.model_dump(mode="json", exclude_none=True)
+        assert s2.device_counters["memo_hits"] >= 80  # static attributes are served from the memo at no cost
+        for s in (s1, s2):
+            assert all(e.error is None and e.n == 40 for e in s.estimates.values())
+        # device ledgers: round 1 charged ε for each of 3 streams; round 2 only for new memo entries
+        agent = OPEN_AGENTS.agents[str(device_config(spec, 0).state_dir)]
+        assert agent.state.spent() <= 6.0 + 1e-9 and agent.state.check_invariants()["ok"]
+    finally:
+        store.close()
+
+
+def test_stragglers_tampering_and_node_errors(fast_path):
+    spec, store, coord = _coordinator(fast_path, lambda k: _spec(fast_path, k, n=30, shard=10), rounds=1, timeout=1.0)
+    app = make_client_app(SimHostFactory(spec))
+    grid = LoopbackGrid(app, {1: {"partition-id": 0}, 2: {"partition-id": 1}, 3: {"partition-id": 2}})
+    try:
+        coord.announce(grid, [1, 2, 3])
+        grid.slow = {3}  # node 3 never answers: the round goes on without it after the timeout
+        summary = coord.run_round(grid, 0, [1, 2, 3])
+        assert (summary.nodes_asked, summary.nodes_replied, summary.accepted) == (3, 2, 60)
+        assert summary.estimates["age"].n == 20
+        # a report altered in transit fails the device signature; a replayed one is a duplicate
+        agent = OPEN_AGENTS.get(SimHostFactory(spec)({"partition-id": 0}).devices[0])
+        good = [r for r in agent.state.ledger_rows()][0]
+        assert good["round_id"] == summary.round_id
+        cfg2 = coord.open_round(1)
+        status, outcome = answer_round(agent, cfg2.to_bytes())
+        commit = outcome.commits[0]
+        body = json.loads(commit.payload)
+        body["body"]["report"] = 0.0 if not isinstance(body["body"]["report"], list) else body["body"]["report"]
+        body["seq"] += 1000
+        accepted, rejected = coord.ingest([commit.topic, commit.topic, commit.topic],
+                                          [json.dumps(body).encode(), commit.payload, commit.payload])
+        assert accepted == 1 and rejected["bad_signature"] == 1 and rejected["duplicate"] == 1
+        # a node whose ClientApp fails is counted, not fatal
+        bad = LoopbackGrid(make_client_app(lambda cfg: (_ for _ in ()).throw(RuntimeError("disk full"))), {9: {}})
+        s = coord.run_round(bad, 2, [9])
+        assert s.node_errors == 1 and s.accepted == 0
+    finally:
+        store.close()
+
+
+def test_shard_reply_resends_pending_reports(fast_path):
+    key = wire.generate_signing_key()
+    spec = _spec(fast_path, key, n=2, shard=2)
+    shard = SimHostFactory(spec)({"partition-id": 0})
+    agents = shard.agents()
+    params = round_params(spec)
+    # a report committed but never sent (e.g. a crash before the reply) goes out with the next reply
+    answer_round(agents[0], _round(key, "r0", params=params))
+    answer = shard.answer(_round(key, "r1", params=params), t=1)
+    assert len(answer.payloads) == 3 + 3 + 3 and answer.counters["status.answered"] == 2
+    assert all(a.state.pending_count() == 0 for a in agents)
+    ids = {wire.decode_report(p).device_id for p in answer.payloads}
+    assert ids == {a.config.device_id for a in agents}
+    rounds = sorted({wire.decode_report(p).round_id for p in answer.payloads})
+    assert rounds == ["r0", "r1"]
+    assert dataclasses.is_dataclass(answer) and np.all([isinstance(p, bytes) for p in answer.payloads])
