@@ -226,24 +226,20 @@ def _open_budget() -> int:
 
 
 class _OpenAgents:
-    """Process-wide LRU of open agents (keyed by state directory), bounded by the descriptor budget."""
+    """Process-wide cache of open agents (keyed by state directory), bounded by the descriptor budget.
+
+    Agents stay open while the budget lasts; past it, an agent is opened for one round and closed again
+    (:meth:`release`). Rounds visit every device in the same order, so least-recently-used eviction would miss on
+    every access once the fleet outgrows the budget; keeping the first ``capacity`` agents open hits on that many.
+    """
 
     def __init__(self) -> None:
         self.agents: OrderedDict[str, Agent] = OrderedDict()
         self.capacity = _open_budget()
         self.opened = 0
-        self.evicted = 0
+        self.transient = 0
 
-    def get(self, spec: DeviceSpec) -> Agent:
-        key = str(spec.config.state_dir)
-        agent = self.agents.get(key)
-        if agent is not None:
-            self.agents.move_to_end(key)
-            return agent
-        while len(self.agents) >= self.capacity:
-            _, old = self.agents.popitem(last=False)
-            old.close()
-            self.evicted += 1
+    def _open(self, spec: DeviceSpec) -> Agent:
         cfg = spec.config
         if spec.create_identity and not cfg.signing_key_path.exists():
             from .config import create_secrets
@@ -253,9 +249,25 @@ class _OpenAgents:
             secrets = load_secrets(cfg)
         agent = Agent(cfg, source=spec.source() if spec.source is not None else None, secrets=secrets, transport=False)
         agent.open()
-        self.agents[key] = agent
         self.opened += 1
         return agent
+
+    def get(self, spec: DeviceSpec) -> Agent:
+        """The device's open agent; call :meth:`release` when done with it."""
+        agent = self.agents.get(str(spec.config.state_dir))
+        if agent is not None:
+            return agent
+        agent = self._open(spec)
+        if len(self.agents) < self.capacity:
+            self.agents[str(spec.config.state_dir)] = agent
+        else:
+            self.transient += 1
+        return agent
+
+    def release(self, agent: Agent) -> None:
+        """Close ``agent`` unless it is one of the agents kept open."""
+        if self.agents.get(str(agent.config.state_dir)) is not agent:
+            agent.close()
 
     def close_all(self) -> None:
         while self.agents:
@@ -284,12 +296,18 @@ class DeviceShard:
         self.max_reports_per_device = int(max_reports_per_device)
 
     def agents(self) -> list[Agent]:
+        """Every hosted device's open agent (kept open beyond the descriptor budget: small shards and tests)."""
         return [OPEN_AGENTS.get(d) for d in self.devices]
 
     def announce(self) -> tuple[list[str], list[str]]:
-        """(device ids, base64 Ed25519 public keys) of the hosted devices."""
-        agents = self.agents()
-        return [a.config.device_id for a in agents], [a.secrets.public_key_b64 for a in agents]
+        """(device ids, base64 Ed25519 public keys) of the hosted devices (creating identities where asked)."""
+        ids, keys = [], []
+        for spec in self.devices:
+            agent = OPEN_AGENTS.get(spec)
+            ids.append(agent.config.device_id)
+            keys.append(agent.secrets.public_key_b64)
+            OPEN_AGENTS.release(agent)
+        return ids, keys
 
     def answer(self, round_payload: bytes, t: int | None = None) -> ShardAnswer:
         """Every hosted device answers the round (or refuses it); the reply carries each device's pending reports."""
@@ -313,6 +331,7 @@ class DeviceShard:
                     out.topics.append(row.topic)
                     out.payloads.append(row.payload)
                 state.mark_sent([row.seq for row in rows])
+            OPEN_AGENTS.release(agent)
         out.counters["devices"] = len(self.devices)
         return out
 
