@@ -1,0 +1,45 @@
+"""The memoized Haar-based record pipeline (SPEC §2, thesis 003 ch. 4, corrected) and the ``auto`` mechanism choice.
+
+* :class:`HaarRecord` — the record mechanism: Haar transform, mean coefficient through a 1-D ε_m-LDP mechanism,
+  details through HM k-sampling or Duchi multi-dim with ε_c; ε = ε_m + ε_c for the whole record.
+* :func:`choose_mechanism` / :class:`AutoRecord` — the lowest-variance mechanism for a query (Haar pipeline,
+  direct HM k-sampling, Duchi multi-dim, per-dimension frequency oracles), with the variances compared.
+* :class:`MemoizedPipeline` — the vectorised fleet simulator of the whole device pipeline (volatility, epoch
+  steps, α-rounding, normalisation, memoized record reports, per-device ε accounting).
+* :func:`normalise`, :func:`denormalise`, :func:`record_memo_key` — small per-device helpers.
+"""
+
+from .auto import AUTO_QUERIES, AutoRecord, MechanismChoice, choose_mechanism, comparison_table
+from .fleet import FleetRun, MemoizedPipeline, canonical_value, denormalise, normalise, record_memo_key
+from .record import (
+    DETAIL_MECHANISMS,
+    MEAN_MECHANISMS,
+    SPLIT_OBJECTIVES,
+    HaarRecord,
+    coefficient_bounds,
+    objective_weights,
+    optimal_split,
+    range_weight_vector,
+)
+
+__all__ = [
+    "HaarRecord",
+    "MEAN_MECHANISMS",
+    "DETAIL_MECHANISMS",
+    "SPLIT_OBJECTIVES",
+    "coefficient_bounds",
+    "objective_weights",
+    "optimal_split",
+    "range_weight_vector",
+    "choose_mechanism",
+    "MechanismChoice",
+    "AutoRecord",
+    "AUTO_QUERIES",
+    "comparison_table",
+    "MemoizedPipeline",
+    "FleetRun",
+    "normalise",
+    "denormalise",
+    "record_memo_key",
+    "canonical_value",
+]

@@ -1,0 +1,403 @@
+"""The device pipeline of SPEC §2 as a vectorised fleet simulator, and small per-device helpers.
+
+**Per device and round** (SPEC §2.1–2.4; the same steps, in the same order, as ``edge_agent/pipeline.py``):
+
+1. clip x to [lo, hi] (a documented bias, never an error);
+2. volatility window of the last W + 1 values per dimension (:class:`protocols.rounding.VolatilityDetector`);
+3. epoch plan (:class:`protocols.rounding.EpochSteps`): quantised steps ``(hi-lo)/K_base·2^m`` and the volatile
+   mask, recomputed only at epoch boundaries; the *first* plan is made once the window is full (before that the
+   device reports unrounded values — pass ``history`` to let devices fill their windows before round 0);
+4. α-point rounding of volatile dimensions with life-long offsets u (:class:`protocols.rounding.AlphaRounder`):
+   ``y = min(lo + ⌊(x-lo)/step + u⌋·step, hi)``;
+5. normalise ``t = 2(y - lo)/(hi - lo) - 1``;
+6. memoized report: the memo key is the tuple of canonical values — ``(m, grid index)`` for a rounded dimension,
+   the exact (clipped) value otherwise — i.e. exactly what :func:`record_memo_key` HMACs on a device. A key the
+   device has seen before returns its stored report and costs 0; a new key costs ε (the mechanism's ε).
+
+**Vectorisation.** The rounding objects are used as-is on the fleet flattened to n·d "dimensions" (devices are
+synchronised on rounds, so one object holds every device's windows, plans and offsets). Keys depend only on the
+data and u, never on the noise, so memo hits are found for all rounds at once: each (device, key) row is hashed to
+64 bits, rows are stably sorted by hash (ties keep round order), and the first row of each group is the device's
+first use of that key; the rows of every group are then checked for exact equality, so a hash collision raises
+instead of silently merging keys. New reports are privatized round by round, vectorised over the devices with a new key.
+
+**Accounting.** ``charged[i, r]`` is the ε device i spends in round r (ε for a new key, else 0), ``cumulative``
+its running total — SPEC §4's memoization bound: total ≤ (#distinct keys)·ε.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from protocols import registry, wire
+from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
+
+from .auto import choose_mechanism
+from .record import HaarRecord
+
+__all__ = ["normalise", "denormalise", "canonical_value", "record_memo_key", "MemoizedPipeline", "FleetRun"]
+
+#: Domain-separation prefix of memo keys (the same bytes as ``edge_agent.pipeline.memo_key``).
+MEMO_KEY_PREFIX = b"haarvest-memo-v1\n"
+
+
+def _bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
+    lo_arr = np.atleast_1d(np.asarray(lo, dtype=float))
+    hi_arr = np.atleast_1d(np.asarray(hi, dtype=float))
+    lo_arr, hi_arr = np.broadcast_arrays(lo_arr, hi_arr)
+    if lo_arr.ndim != 1:
+        raise ValueError("lo and hi must be scalars or 1-D arrays (one entry per dimension)")
+    if not (np.all(np.isfinite(lo_arr)) and np.all(np.isfinite(hi_arr))):
+        raise ValueError("bounds lo and hi must be finite")
+    if np.any(hi_arr <= lo_arr):
+        raise ValueError("bounds need hi > lo in every dimension")
+    return lo_arr.astype(float), hi_arr.astype(float)
+
+
+def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:
+    """Clip x to [lo, hi] and map it to ``t = 2(x - lo)/(hi - lo) - 1 ∈ [-1, 1]`` (SPEC §2.3; trailing axis = dims)."""
+    arr = np.asarray(x, dtype=float)
+    if arr.size and not np.all(np.isfinite(arr)):
+        raise ValueError("values must be finite; got NaN or infinity")
+    lo_arr, hi_arr = _bounds(lo, hi)
+    t = 2.0 * (np.clip(arr, lo_arr, hi_arr) - lo_arr) / (hi_arr - lo_arr) - 1.0
+    return np.clip(t, -1.0, 1.0)
+
+
+def denormalise(t: Any, lo: Any, hi: Any) -> np.ndarray:
+    """Inverse of :func:`normalise` on [-1, 1]: ``x = lo + (t + 1)(hi - lo)/2`` (estimates may lie outside)."""
+    arr = np.asarray(t, dtype=float)
+    lo_arr, hi_arr = _bounds(lo, hi)
+    return lo_arr + (arr + 1.0) * (hi_arr - lo_arr) / 2.0
+
+
+def canonical_value(value: float | None = None, *, exponent: int | None = None, grid_index: int | None = None) -> list[Any]:
+    """A dimension's canonical memo-key form: ``["g", m, i]`` when rounded (step exponent m, grid index i),
+    else ``["x", value]`` (the clipped raw value) — the forms ``edge_agent/pipeline.py`` uses."""
+    if grid_index is not None:
+        if exponent is None:
+            raise ValueError("a rounded value needs its step exponent")
+        return ["g", int(exponent), int(grid_index)]
+    if value is None:
+        raise ValueError("give a value, or an exponent and a grid index")
+    v = float(value)
+    if not np.isfinite(v):
+        raise ValueError("memo-key values must be finite")
+    return ["x", v + 0.0]  # -0.0 → 0.0
+
+
+def record_memo_key(secret: bytes, stream: str, spec: str, canonical_values: list[Any]) -> str:
+    """``HMAC-SHA256(secret, prefix ‖ canonical_json([stream, spec, canonical_values]))`` in hex.
+
+    ``canonical_values`` lists one :func:`canonical_value` per dimension of the record (grid indices and step
+    exponents of rounded dimensions). The cache never sees raw values, only this key; the same construction as
+    ``edge_agent.pipeline.memo_key`` so keys agree between the agent and simulations.
+    """
+    if not isinstance(secret, (bytes, bytearray)) or len(secret) < 32:
+        raise ValueError("the memo secret must be at least 32 bytes")
+    if not isinstance(stream, str) or not isinstance(spec, str):
+        raise ValueError("stream and spec must be strings")
+    msg = MEMO_KEY_PREFIX + wire.canonical_json([stream, spec, canonical_values])
+    return hmac.new(bytes(secret), msg, hashlib.sha256).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------- hashing
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser (a bijection of uint64), vectorised."""
+    z = z.copy()
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _row_hash(cols: np.ndarray, seed: int) -> np.ndarray:
+    """A 64-bit hash of each row of a uint64 matrix (N, K)."""
+    h = np.full(cols.shape[0], np.uint64(seed))
+    for j in range(cols.shape[1]):
+        h = _mix64(h ^ _mix64(cols[:, j] + np.uint64((j + 1) * 0x9E3779B97F4A7C15 % 2**64)))
+    return h
+
+
+def _first_uses(kinds: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group ids (n, τ) of identical (device, key) rows and the mask of each group's first round."""
+    n, tau, d = kinds.shape
+    device = np.repeat(np.arange(n, dtype=np.int64), tau)[:, None]
+    cols = np.concatenate([device, kinds.reshape(n * tau, d), vals.reshape(n * tau, d)], axis=1).view(np.uint64)
+    h = _row_hash(cols, 0x243F6A8885A308D3)
+    order = np.argsort(h, kind="stable")  # rows are in (device, round) order: ties keep the earliest round first
+    h_s = h[order]
+    start = np.ones(order.size, dtype=bool)
+    start[1:] = h_s[1:] != h_s[:-1]
+    gid_sorted = np.cumsum(start) - 1
+    first_row = order[start][gid_sorted]  # the group's earliest row, for every sorted row
+    if not np.array_equal(cols[order], cols[first_row]):
+        raise RuntimeError("memo-key hash collision (probability ~ (nτ)²/2^65): rerun with another record order")
+    gid = np.empty(order.size, dtype=np.int64)
+    gid[order] = gid_sorted
+    first = np.zeros(order.size, dtype=bool)
+    first[order[start]] = True
+    return gid.reshape(n, tau), first.reshape(n, tau)
+
+
+# ---------------------------------------------------------------------------------------------------- simulator
+
+
+@dataclass
+class FleetRun:
+    """Result of :meth:`MemoizedPipeline.run` (original units unless stated; r = round, i = device).
+
+    Attributes:
+        estimates: (τ, d) per-round unbiased estimates of the mean of the rounded records, de-normalised.
+        estimates_normalised: (τ, d) the same in [-1, 1] units.
+        stderr: (τ, d) analytic standard errors (from the mechanism's exact variance at the rounded records).
+        truth: (τ, d) per-round means of the clipped raw values.
+        target: (τ, d) per-round means of the rounded values (what ``estimates`` is unbiased for given u;
+            E over u of ``target`` is ``truth`` except for cells clipped at hi).
+        charged: (n, τ) ε charged to device i in round r.
+        cumulative: (n, τ) running totals of ``charged``.
+        new_key: (n, τ) True where the device's memo key was new (a fresh report left the device).
+        rounded_fraction: (τ, d) fraction of devices whose dimension was α-rounded.
+        clipped: number of raw values clipped to the bounds.
+        u: (n, d) the α offsets used.
+        epsilon: ε of one report.
+        mechanism: the record mechanism.
+        report_table / report_index: when kept, the reports of round r are ``report_table[report_index[:, r]]``.
+    """
+
+    estimates: np.ndarray
+    estimates_normalised: np.ndarray
+    stderr: np.ndarray
+    truth: np.ndarray
+    target: np.ndarray
+    charged: np.ndarray
+    cumulative: np.ndarray
+    new_key: np.ndarray
+    rounded_fraction: np.ndarray
+    clipped: int
+    u: np.ndarray
+    epsilon: float
+    mechanism: Any = field(repr=False)
+    report_table: np.ndarray | None = field(default=None, repr=False)
+    report_index: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def total_spend(self) -> np.ndarray:
+        """(n,) total ε spent by each device."""
+        return self.cumulative[:, -1].copy()
+
+    def reports(self, round_index: int) -> np.ndarray:
+        """The reports the coordinator receives in round ``round_index`` (needs ``keep_reports``)."""
+        if self.report_table is None or self.report_index is None:
+            raise ValueError("reports were not kept: run(..., keep_reports=True)")
+        return self.report_table[self.report_index[:, round_index]]
+
+
+class MemoizedPipeline:
+    """The whole device pipeline (module docstring) for a fleet of n devices over τ rounds.
+
+    Args:
+        lo, hi: declared bounds per dimension (d,).
+        epsilon: ε of one (new) report.
+        mechanism: ``"haar"`` (:class:`HaarRecord`), ``"auto"`` (:func:`choose_mechanism` for ``query``), a
+            registry name of a vector mechanism (``"ksampling"``, ``"duchi_md"``), or a mechanism object with
+            ``privatize``/``estimate``/``variance`` and attribute ``d``.
+        mechanism_params: extra constructor parameters for a named mechanism (e.g. ``{"split": 0.3}``).
+        window, tau, epoch_length, k_base, eta: the rounding parameters (SPEC §2.1–2.2 defaults).
+        memoize: serve repeated keys from the memo table (False: every round is a new report).
+        rounding: α-round volatile dimensions (False: every dimension keeps its raw value).
+        static: ``"raw"`` (SPEC §2.2: static dimensions skip rounding, so any change of a static value is a new
+            memo key) or ``"base_grid"`` (an ablation, not in the SPEC: static dimensions — and every dimension
+            before the first plan — are α-rounded on the base grid (hi-lo)/K_base, so sub-threshold drift
+            stops costing ε every round; still unbiased over u).
+    """
+
+    def __init__(
+        self,
+        lo: Any,
+        hi: Any,
+        epsilon: float,
+        mechanism: Any = "haar",
+        *,
+        mechanism_params: dict[str, Any] | None = None,
+        query: str = "mean",
+        window: int = 16,
+        tau: float = 0.01,
+        epoch_length: int = 24,
+        k_base: int = 100,
+        eta: float = 0.1,
+        memoize: bool = True,
+        rounding: bool = True,
+        static: str = "raw",
+    ) -> None:
+        self.lo, self.hi = _bounds(lo, hi)
+        self.d = self.lo.size
+        params = dict(mechanism_params or {})
+        if isinstance(mechanism, str):
+            if mechanism == "haar":
+                self.mechanism = HaarRecord(epsilon, self.d, **params)
+            elif mechanism == "auto":
+                if params:
+                    raise ValueError("mechanism 'auto' takes no mechanism_params")
+                self.mechanism = choose_mechanism(epsilon, self.d, query).mechanism
+            else:
+                self.mechanism = registry.build(mechanism, epsilon=epsilon, d=self.d, **params)
+        else:
+            self.mechanism = mechanism
+        if getattr(self.mechanism, "d", None) != self.d:
+            raise ValueError(f"the mechanism must take records of {self.d} dimensions")
+        self.epsilon = float(self.mechanism.epsilon)
+        # validated by the rounding objects on first use; checked here for early errors
+        VolatilityDetector(self.lo, self.hi, window=window, tau=tau)
+        EpochSteps(self.lo, self.hi, epoch_length=epoch_length, k_base=k_base, eta=eta, tau=tau)
+        self.window, self.tau, self.epoch_length, self.k_base, self.eta = window, tau, epoch_length, k_base, eta
+        if static not in ("raw", "base_grid"):
+            raise ValueError(f"static must be 'raw' or 'base_grid', got {static!r}")
+        self.memoize = bool(memoize)
+        self.rounding = bool(rounding)
+        self.static = static
+
+    def _check_records(self, records: Any, name: str) -> np.ndarray:
+        x = np.asarray(records, dtype=float)
+        if x.ndim != 3 or x.shape[2] != self.d:
+            raise ValueError(f"{name} must have shape (n devices, rounds, {self.d}), got {x.shape}")
+        if x.size and not np.all(np.isfinite(x)):
+            raise ValueError(f"{name} must be finite; got NaN or infinity")
+        return x
+
+    def run(
+        self,
+        records: Any,
+        rng: np.random.Generator,
+        *,
+        history: Any = None,
+        u: Any = None,
+        keep_reports: bool = False,
+    ) -> FleetRun:
+        """Simulate every device over the rounds of ``records`` (n, τ, d); see :class:`FleetRun`.
+
+        ``history`` (n, h, d): earlier readings that only fill the volatility windows (no reports, no charge).
+        ``u`` (n, d): α offsets in [0, 1) (default: drawn from ``rng``, once per device and dimension).
+        """
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError("rng must be a numpy.random.Generator")
+        x = self._check_records(records, "records")
+        n, tau, d = x.shape
+        if n == 0 or tau == 0:
+            raise ValueError("records need at least one device and one round")
+        hist = None if history is None else self._check_records(history, "history")
+        if hist is not None and hist.shape[0] != n:
+            raise ValueError(f"history must have {n} devices, got {hist.shape[0]}")
+        u_arr = rng.random((n, d)) if u is None else np.asarray(u, dtype=float)
+        if u_arr.shape != (n, d):
+            raise ValueError(f"u must have shape ({n}, {d}), got {u_arr.shape}")
+        lo_f, hi_f = np.tile(self.lo, n), np.tile(self.hi, n)
+        detector = VolatilityDetector(lo_f, hi_f, window=self.window, tau=self.tau)
+        epochs = EpochSteps(lo_f, hi_f, epoch_length=self.epoch_length, k_base=self.k_base, eta=self.eta, tau=self.tau)
+        rounder = AlphaRounder(lo_f, hi_f, u_arr.reshape(-1))  # validates u ∈ [0, 1)
+        base_step = (hi_f - lo_f) / self.k_base
+        index = 0
+
+        def observe(row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            """One reading per device (n·d,) → (value, rounded mask, key kind, key value)."""
+            nonlocal index
+            detector.update(row)
+            full = len(detector.values()) > detector.window
+            plan = epochs.plan(index, detector.scores) if (epochs.current is not None or full) else None
+            index += 1
+            if not self.rounding or (plan is None and self.static == "raw"):
+                rounded = np.zeros(row.size, dtype=bool)
+                return row, rounded, np.zeros(row.size, dtype=np.int64), (row + 0.0).view(np.int64)
+            if plan is None:  # static == "base_grid" during warm-up: every dimension on the base grid
+                volatile, steps, exponents = np.zeros(row.size, dtype=bool), base_step, np.zeros(row.size, np.int64)
+            else:
+                volatile = plan.volatile
+                steps = np.where(volatile, plan.steps, base_step)
+                exponents = np.where(volatile, plan.exponents, 0)
+            rounded = volatile | (self.static == "base_grid")
+            gi = rounder.grid_index(row, steps)
+            y = np.where(rounded, np.minimum(lo_f + gi * steps, hi_f), row)
+            kind = np.where(rounded, exponents + 1, 0).astype(np.int64)
+            val = np.where(rounded, gi, (row + 0.0).view(np.int64))
+            return y, rounded, kind, val
+
+        if hist is not None:
+            for h in range(hist.shape[1]):
+                observe(np.clip(hist[:, h, :], self.lo, self.hi).reshape(-1))
+        xc = np.clip(x, self.lo, self.hi)
+        clipped = int(np.count_nonzero(xc != x))
+        t = np.empty_like(x)
+        kinds = np.empty(x.shape, dtype=np.int64)
+        vals = np.empty(x.shape, dtype=np.int64)
+        rounded_fraction = np.empty((tau, d))
+        target = np.empty((tau, d))
+        for r in range(tau):
+            y, rounded, kind, val = observe(xc[:, r, :].reshape(-1))
+            y = y.reshape(n, d)
+            t[:, r, :] = normalise(y, self.lo, self.hi)
+            kinds[:, r, :] = kind.reshape(n, d)
+            vals[:, r, :] = val.reshape(n, d)
+            rounded_fraction[r] = rounded.reshape(n, d).mean(axis=0)
+            target[r] = y.mean(axis=0)
+
+        if self.memoize:
+            gid, new_key = _first_uses(kinds, vals)
+            table: np.ndarray | None = None
+        else:
+            gid, new_key = None, np.ones((n, tau), dtype=bool)
+            table = None
+        kept: list[np.ndarray] = []
+        est = np.empty((tau, d))
+        var = np.empty((tau, d))
+        for r in range(tau):
+            fresh = np.flatnonzero(new_key[:, r])
+            reports_new = self.mechanism.privatize(t[fresh, r, :], rng) if fresh.size else None
+            if gid is not None:
+                if table is None:
+                    width = reports_new.shape[1]  # type: ignore[union-attr]
+                    table = np.empty((int(gid.max()) + 1, width))
+                if fresh.size:
+                    table[gid[fresh, r]] = reports_new
+                reports = table[gid[:, r]]
+            else:
+                reports = reports_new  # every device reports afresh
+                if keep_reports:
+                    kept.append(reports)  # type: ignore[arg-type]
+            est[r] = self.mechanism.estimate(reports)
+            var[r] = np.asarray(self.mechanism.variance(t[:, r, :]), dtype=float).reshape(n, d).mean(axis=0)
+
+        scale = (self.hi - self.lo) / 2.0
+        charged = np.where(new_key, self.epsilon, 0.0)
+        if gid is not None:
+            report_table, report_index = (table, gid) if keep_reports else (None, None)
+        elif keep_reports:
+            report_table = np.concatenate(kept, axis=0)
+            report_index = (np.arange(tau)[None, :] * n + np.arange(n)[:, None]).astype(np.int64)
+        else:
+            report_table = report_index = None
+        return FleetRun(
+            estimates=denormalise(est, self.lo, self.hi),
+            estimates_normalised=est,
+            stderr=scale * np.sqrt(var / n),
+            truth=xc.mean(axis=0),
+            target=target,
+            charged=charged,
+            cumulative=np.cumsum(charged, axis=1),
+            new_key=new_key,
+            rounded_fraction=rounded_fraction,
+            clipped=clipped,
+            u=u_arr,
+            epsilon=self.epsilon,
+            mechanism=self.mechanism,
+            report_table=report_table,
+            report_index=report_index,
+        )
