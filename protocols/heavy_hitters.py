@@ -1,0 +1,251 @@
+"""Heavy-hitter identification over a large domain [0, 2^L) on top of any frequency oracle (SPEC §3.13, §5).
+
+**Bitwise construction (source 001; Bassily & Smith, "Local, private, efficient protocols for succinct
+histograms", STOC 2015).** A public hash h: [0, 2^L) → [T] spreads items over T buckets. For every bit position
+ℓ < L the derived item of x is d_ℓ(x) = 2·h(x) + bit_ℓ(x) ∈ [0, 2T) and is reported through a frequency oracle O
+over [0, 2T). The server estimates f̂_ℓ(t, b) for every bucket t and bit b and sets bit ℓ of bucket t's candidate to
+argmax_b f̂_ℓ(t, b); a candidate is kept if it hashes back to its bucket and its estimated bucket frequency
+f̂(t) = mean_ℓ (f̂_ℓ(t, 0) + f̂_ℓ(t, 1)) reaches the report threshold η/2.
+
+Budget (stated, never hidden): with ``split_users=True`` (default) every device is assigned to ONE bit position
+(parallel composition over disjoint groups) and spends ε; with ``split_users=False`` it reports all L derived items
+with ε each and spends L·ε (sequential composition). ``epsilon_per_user`` gives the figure to charge.
+
+Guarantee (detection threshold η, :meth:`BitwiseHeavyHitters.detection_threshold`): with probability ≥ 1 - β,
+every item x with f(x) ≥ η whose bucket holds other items of total frequency ≤ η/2 is reported, where
+η = 2·z·σ_D, z = Φ^{-1}(1 - β/(2LT)) (union bound over all bit decisions), σ_D = 2·sqrt(V/n_g) bounds the standard
+deviation of a difference f̂_ℓ(t, 1) - f̂_ℓ(t, 0) (V the oracle's worst per-user variance, n_g the users per group).
+
+**Prefix extension in rounds (PEM; Wang, Li, Jha et al., "Locally differentially private heavy hitter
+identification", IEEE TDSC 2019) — sequentially interactive (SPEC §5).** Users are split into R groups, one per
+round. Round r has prefix length s_r (s_0 = ``start_bits``, then +``step_bits``, the last equal to L); its public
+candidate list is every extension by ``step_bits`` bits of the prefixes kept in round r-1 (all 2^{s_0} prefixes in
+round 0). Group r reports the index of its length-s_r prefix in the candidate list, or a catch-all index for "not a
+candidate", through O over [0, |C_r| + 1). Prefixes whose estimated frequency reaches η_r/2 are kept (at most
+``max_keep``, by estimate). Each device takes part in one round: ε per device. An item is reported if all its
+prefixes were kept — guaranteed with probability ≥ 1 - β when f(x) ≥ max_r η_r (a prefix is at least as frequent
+as the item), with η_r = 2·z·sqrt(V_r/n_r), z = Φ^{-1}(1 - β/Σ_r|C_r|), unless ``max_keep`` truncates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from protocols.base import FrequencyOracle, check_epsilon, check_int
+from protocols.hashing import MAX_ITEM, hash_values
+
+__all__ = ["HeavyHitterResult", "BitwiseHeavyHitters", "PrefixExtensionHeavyHitters", "default_oracle"]
+
+OracleFactory = Callable[[float, int], FrequencyOracle]
+
+
+def default_oracle(epsilon: float, k: int) -> FrequencyOracle:
+    """Hadamard response: optimal-order variance and an O(n + K log K) decode."""
+    from protocols.frequency import HadamardResponse
+
+    return HadamardResponse(epsilon, k)
+
+
+def _worst_variance(oracle: FrequencyOracle) -> float:
+    return float(max(np.max(oracle.variance(0.0)), np.max(oracle.variance(1.0))))
+
+
+def _check_beta(beta: float) -> float:
+    beta = float(beta)
+    if not 0.0 < beta < 1.0:
+        raise ValueError(f"beta must lie in (0, 1), got {beta}")
+    return beta
+
+
+def _check_items(values: Any, bits: int) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError("values must be a non-empty 1-D array of items")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"items must be integers in [0, 2^{bits}), got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if arr.min() < 0 or arr.max() >= (1 << bits):
+        raise ValueError(f"items must lie in [0, 2^{bits})")
+    return arr
+
+
+@dataclass(frozen=True)
+class HeavyHitterResult:
+    """Reported items (sorted by decreasing estimated frequency), their estimates and the thresholds used."""
+
+    items: np.ndarray
+    frequencies: np.ndarray
+    detection_threshold: float
+    report_threshold: float
+    epsilon_per_user: float
+
+    def as_dict(self) -> dict[int, float]:
+        return {int(i): float(f) for i, f in zip(self.items, self.frequencies)}
+
+
+class BitwiseHeavyHitters:
+    """Source 001's bitwise heavy-hitter protocol over items in [0, 2^bits) (module docstring)."""
+
+    def __init__(
+        self,
+        epsilon: float,
+        bits: int,
+        buckets: int,
+        hash_seed: int,
+        *,
+        split_users: bool = True,
+        oracle_factory: OracleFactory = default_oracle,
+    ) -> None:
+        self.epsilon = check_epsilon(epsilon)
+        self.bits = check_int(bits, "bits", 1, MAX_ITEM.bit_length() - 1)
+        self.buckets = check_int(buckets, "buckets", 1)
+        if isinstance(hash_seed, bool) or not isinstance(hash_seed, (int, np.integer)) or not 0 <= hash_seed < 1 << 62:
+            raise ValueError("hash_seed (public, from the round parameters) must be an integer in [0, 2^62)")
+        self.hash_seed = int(hash_seed)
+        self.split_users = bool(split_users)
+        self.oracle = oracle_factory(self.epsilon, 2 * self.buckets)
+        if not isinstance(self.oracle, FrequencyOracle) or self.oracle.k != 2 * self.buckets:
+            raise ValueError("oracle_factory(epsilon, k) must return a FrequencyOracle over [0, k)")
+
+    @property
+    def epsilon_per_user(self) -> float:
+        """ε if users are split over bit positions (parallel composition), bits·ε otherwise (sequential)."""
+        return self.epsilon if self.split_users else self.bits * self.epsilon
+
+    def bucket(self, items: Any) -> np.ndarray:
+        """Public hash h(x) ∈ [0, T)."""
+        return hash_values(np.int64(self.hash_seed), np.asarray(items, dtype=np.int64), self.buckets)
+
+    def derived_items(self, items: np.ndarray, position: Any) -> np.ndarray:
+        """d_ℓ(x) = 2·h(x) + bit_ℓ(x)."""
+        return 2 * self.bucket(items) + ((items >> np.asarray(position, dtype=np.int64)) & 1)
+
+    def assign_groups(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Bit position of each device when users are split (balanced, random)."""
+        return rng.permutation(np.arange(n) % self.bits)
+
+    def privatize(self, values: Any, rng: np.random.Generator) -> dict[int, Any]:
+        """Reports per bit position: {ℓ: oracle reports of the devices reporting position ℓ}."""
+        x = _check_items(values, self.bits)
+        if self.split_users:
+            groups = self.assign_groups(x.size, rng)
+            return {ell: self.oracle.privatize(self.derived_items(x[groups == ell], ell), rng)
+                    for ell in range(self.bits) if np.any(groups == ell)}
+        return {ell: self.oracle.privatize(self.derived_items(x, ell), rng) for ell in range(self.bits)}
+
+    def detection_threshold(self, n: int, beta: float = 1e-3) -> float:
+        """η such that items with f ≥ η (and light buckets) are reported w.p. ≥ 1 - β (module docstring)."""
+        n = check_int(n, "n", 1)
+        group = n / self.bits if self.split_users else n
+        z = stats.norm.isf(_check_beta(beta) / (2 * self.bits * self.buckets))
+        return 2 * z * 2 * math.sqrt(_worst_variance(self.oracle) / group)
+
+    def identify(self, reports: dict[int, Any], n: int, beta: float = 1e-3) -> HeavyHitterResult:
+        """Decode candidates bucket by bucket; report those that hash back and reach η/2."""
+        if set(reports) != set(range(self.bits)):
+            raise ValueError(f"reports are needed for every bit position 0..{self.bits - 1}")
+        est = np.stack([self.oracle.estimate(reports[ell]) for ell in range(self.bits)])  # (L, 2T)
+        pairs = est.reshape(self.bits, self.buckets, 2)
+        bit_values = (pairs[:, :, 1] > pairs[:, :, 0]).astype(np.int64)  # (L, T)
+        candidates = (bit_values << np.arange(self.bits)[:, None]).sum(axis=0)
+        bucket_freq = pairs.sum(axis=2).mean(axis=0)
+        eta = self.detection_threshold(n, beta)
+        keep = (self.bucket(candidates) == np.arange(self.buckets)) & (bucket_freq >= eta / 2)
+        order = np.argsort(-bucket_freq[keep], kind="stable")
+        return HeavyHitterResult(candidates[keep][order], bucket_freq[keep][order], eta, eta / 2,
+                                 self.epsilon_per_user)
+
+    def run(self, values: Any, rng: np.random.Generator, beta: float = 1e-3) -> HeavyHitterResult:
+        """Privatize and identify in one call (simulation)."""
+        x = _check_items(values, self.bits)
+        return self.identify(self.privatize(x, rng), x.size, beta)
+
+
+class PrefixExtensionHeavyHitters:
+    """Prefix-extension heavy hitters in rounds over items in [0, 2^bits) (module docstring); ε per device."""
+
+    def __init__(
+        self,
+        epsilon: float,
+        bits: int,
+        start_bits: int,
+        step_bits: int,
+        *,
+        max_keep: int = 64,
+        oracle_factory: OracleFactory = default_oracle,
+    ) -> None:
+        self.epsilon = check_epsilon(epsilon)
+        self.bits = check_int(bits, "bits", 1, MAX_ITEM.bit_length() - 1)
+        self.start_bits = check_int(start_bits, "start_bits", 1, self.bits)
+        self.step_bits = check_int(step_bits, "step_bits", 1, self.bits)
+        self.max_keep = check_int(max_keep, "max_keep", 1)
+        self.oracle_factory = oracle_factory
+        lengths = [self.start_bits]
+        while lengths[-1] < self.bits:
+            lengths.append(min(self.bits, lengths[-1] + self.step_bits))
+        self.prefix_lengths = lengths
+        if (1 << self.start_bits) > 1 << 20 or (self.max_keep << self.step_bits) > 1 << 20:
+            raise ValueError("candidate lists above 2^20 entries: lower start_bits, step_bits or max_keep")
+
+    @property
+    def rounds(self) -> int:
+        return len(self.prefix_lengths)
+
+    @property
+    def epsilon_per_user(self) -> float:
+        """Each device reports in exactly one round."""
+        return self.epsilon
+
+    def candidates(self, round_index: int, kept: np.ndarray | None) -> np.ndarray:
+        """Public candidate prefixes of round r: all 2^{s_0} prefixes, or the extensions of last round's kept ones."""
+        r = check_int(round_index, "round_index", 0, self.rounds - 1)
+        if r == 0:
+            return np.arange(1 << self.start_bits, dtype=np.int64)
+        if kept is None:
+            raise ValueError("rounds after the first need the previous round's kept prefixes")
+        grow = self.prefix_lengths[r] - self.prefix_lengths[r - 1]
+        kept = np.asarray(kept, dtype=np.int64)
+        return ((kept[:, None] << grow) | np.arange(1 << grow)[None, :]).ravel()
+
+    def encode(self, values: np.ndarray, round_index: int, candidates: np.ndarray) -> np.ndarray:
+        """Index of each device's length-s_r prefix in ``candidates``, or len(candidates) for "not a candidate"."""
+        prefix = values >> (self.bits - self.prefix_lengths[round_index])
+        order = np.argsort(candidates, kind="stable")
+        pos = np.searchsorted(candidates[order], prefix)
+        pos = np.minimum(pos, candidates.size - 1)
+        found = candidates[order][pos] == prefix
+        return np.where(found, order[pos], candidates.size)
+
+    def threshold(self, n_round: int, oracle: FrequencyOracle, total_candidates: int, beta: float) -> float:
+        z = stats.norm.isf(_check_beta(beta) / max(1, total_candidates))
+        return 2 * z * math.sqrt(_worst_variance(oracle) / max(1, n_round))
+
+    def run(self, values: Any, rng: np.random.Generator, beta: float = 1e-3) -> HeavyHitterResult:
+        """Simulate all rounds (users split into balanced random groups, one per round)."""
+        x = _check_items(values, self.bits)
+        groups = rng.permutation(np.arange(x.size) % self.rounds)
+        budget = (1 << self.start_bits) + (self.rounds - 1) * (self.max_keep << self.step_bits)
+        kept: np.ndarray | None = None
+        eta_max = 0.0
+        est_kept = np.zeros(0)
+        for r in range(self.rounds):
+            cands = self.candidates(r, kept)
+            if cands.size == 0:
+                break
+            oracle = self.oracle_factory(self.epsilon, int(cands.size) + 1)
+            members = x[groups == r]
+            reports = oracle.privatize(self.encode(members, r, cands), rng)
+            est = oracle.estimate(reports)[: cands.size]
+            eta = self.threshold(members.size, oracle, budget, beta)
+            eta_max = max(eta_max, eta)
+            keep = np.flatnonzero(est >= eta / 2)
+            keep = keep[np.argsort(-est[keep], kind="stable")][: self.max_keep]
+            kept, est_kept = cands[keep], est[keep]
+        items = np.zeros(0, dtype=np.int64) if kept is None else kept
+        return HeavyHitterResult(items, est_kept, eta_max, eta_max / 2, self.epsilon_per_user)
