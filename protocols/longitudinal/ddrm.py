@@ -217,7 +217,9 @@ class DDRM(LongitudinalProtocol):
         sq = np.asarray(node_sq_means, dtype=float)
         return float(np.sum(self.c**2 - sq[nodes]))
 
-    def simulate_rounds(self, values: Any, rng: np.random.Generator, fleet: FleetState | None = None, **fixed: Any):
+    def simulate_rounds(
+        self, values: Any, rng: np.random.Generator, fleet: FleetState | None = None, **fixed: Any
+    ) -> Any:
         raise NotImplementedError("use privatize_stream / estimate (or privatize_round per time step) for DDRM")
 
     def client(

@@ -122,7 +122,7 @@ class LongitudinalReport:
     """One report of a longitudinal client, with the privacy charge the device ledger must record first.
 
     Attributes:
-        report: what leaves the device (protocol-specific, JSON-able via ``to_json``-style conversion).
+        report: what leaves the device (protocol-specific: an int, a tuple, or a numpy array of bits).
         charge: ε spent by this report — ε∞ when a new PRR memo entry was created, 0 when memoized.
         memo_key: hex HMAC of the memo slot (None for protocols without memoization, e.g. DDRM).
         is_new: whether this report created a memo entry (equivalently: whether ``charge > 0``).

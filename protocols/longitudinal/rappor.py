@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -168,14 +167,23 @@ class RAPPOR(LongitudinalProtocol):
             raise ValueError("the fleet simulator needs RAPPOR(domain_size=...)")
         return check_categories(arr, self.domain_size)
 
-    @lru_cache(maxsize=8)
     def bloom_table(self, candidates: tuple[Any, ...]) -> np.ndarray:
-        """(num_cohorts, len(candidates), num_bits) bool: the Bloom filter of every candidate in every cohort."""
+        """(num_cohorts, len(candidates), num_bits) bool: the Bloom filter of every candidate in every cohort.
+
+        Cached per protocol instance for the last few candidate lists (building it hashes m·K values).
+        """
+        cache: dict[tuple[Any, ...], np.ndarray] = self.__dict__.setdefault("_bloom_cache", {})
+        if candidates in cache:
+            return cache[candidates]
         table = np.zeros((self.num_cohorts, len(candidates), self.num_bits), dtype=bool)
         for j, cand in enumerate(candidates):
             vb = encode_value(cand)
             for c in range(self.num_cohorts):
                 table[c, j, bloom_indices(vb, c, self.num_bits, self.num_hashes)] = True
+        if len(cache) >= 4:
+            cache.pop(next(iter(cache)))
+        table.setflags(write=False)
+        cache[candidates] = table
         return table
 
     def _default_candidates(self) -> tuple[int, ...]:
