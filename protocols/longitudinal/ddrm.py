@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import check_epsilon, check_int, os_rng
+from protocols.base import check_epsilon, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
 from protocols.longitudinal.memo import LongitudinalReport, MemoStyle
 
