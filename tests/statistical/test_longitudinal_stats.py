@@ -82,7 +82,7 @@ def test_loloha_mse_agrees_with_multi_freq_ldpy():
     clipped-and-normalised estimates (multi-freq-ldpy's MI post-processing) over repeated rounds."""
     llh = pytest.importorskip("multi_freq_ldpy.long_freq_est.L_LH")
     rng = np.random.default_rng(13)
-    n, k, eps_inf, eps_1, reps = 2000, 10, 2.0, 1.0, 50
+    n, k, eps_inf, eps_1, reps = 2000, 10, 2.0, 1.0, 30
     values, f = _population(rng, n, k)
     ours_protocol = LOLOHA.optimal(eps_inf, eps_1, k)
     ours, theirs = [], []
