@@ -20,11 +20,14 @@ For query weights ω (``q = ω·θ``, e.g. one coordinate of the inverse Haar tr
     Var(ω·Y | x) = Σ_j ω_j² (a_j + g_j θ_j²) - C (Σ_{j∈J} ω_j θ_j)²,      g_j = g'_j + C·1[j ∈ J],
 
 a quadratic form in x. :meth:`QuadraticModel.variance` evaluates it exactly at given records;
-:meth:`QuadraticModel.worst` maximises it over the record cube ``[-1, 1]^d``: for d ≤ 16 over *all* vertices
-(exact when the form is convex — the maximum of a convex function over a box is at a vertex), followed in every
-case by exact coordinate ascent from the best vertices (each coordinate of a quadratic is maximised in closed
-form, which finds interior maxima when the form is not convex). For d > 16 a deterministic set of structured
-vertices (constant, Haar-sign and alternating patterns) replaces the enumeration.
+:meth:`QuadraticModel.worst` maximises it over the record cube ``[-1, 1]^d`` in reduced variables: only the
+coefficients a query touches matter, and record coordinates whose columns of A agree on them enter only through
+their block mean, free in [-1, 1] (:meth:`QuadraticModel.reduced_form`; a Haar coordinate has L + 1 blocks
+whatever d is). Up to 16 blocks every vertex is tried (exact when the form is convex — a convex function's
+maximum over a box is at a vertex), beyond that a deterministic set of structured and leading-eigenvector sign
+patterns; in every case exact coordinate ascent follows from the best vertices (each coordinate of a quadratic
+is maximised in closed form, which finds interior maxima when the form is not convex). Tests check the result
+against exhaustive face enumeration.
 """
 
 from __future__ import annotations
@@ -114,40 +117,64 @@ class QuadraticModel:
             M -= self.cross * v[:, :, None] * v[:, None, :]
         return const, M
 
-    def worst(self, weights: Any, chunk: int = 64) -> np.ndarray:
+    def worst(self, weights: Any) -> np.ndarray:
         """``max_{x ∈ [-1,1]^d} Var(ω·Y | x)`` for each query (Q,), see the module docstring for the method."""
         w = self._weights(weights)
-        const, M = self.form(w)
-        starts = self._start_vertices()
-        theta = starts @ self.analysis.T  # (V, P)
-        J = self.correlated
-        theta_sq, theta_J = theta**2, np.ascontiguousarray(theta[:, J])
-        out = np.empty(w.shape[0])
-        top = min(4, starts.shape[0])
-        for lo in range(0, w.shape[0], chunk):
-            wc = w[lo : lo + chunk]
-            vals = (wc**2 * self.curvature) @ theta_sq.T  # (Qc, V), without the constant
-            if self.cross:
-                vals -= self.cross * (wc[:, J] @ theta_J.T) ** 2
-            best = np.empty((vals.shape[0], top), dtype=np.int64)  # the top vertices of each query
-            rows = np.arange(vals.shape[0])
-            for i in range(top):
-                best[:, i] = vals.argmax(axis=1)
-                vals[rows, best[:, i]] = -np.inf
-            for qi in range(wc.shape[0]):
-                out[lo + qi] = const[lo + qi] + _coordinate_ascent(M[lo + qi], starts[best[qi]])
-        return out
+        return np.array([self._worst_one(row) for row in w])
 
-    def _start_vertices(self) -> np.ndarray:
-        d = self.d
-        if d <= ENUMERATION_MAX_D:
-            return _all_vertices(d)
-        patterns = [np.ones(d), np.where(np.arange(d) % 2 == 0, 1.0, -1.0)]
-        signs = np.sign(self.analysis)
-        signs[signs == 0] = 1.0
-        patterns.extend(signs)
-        patterns.extend(np.where(np.arange(d) < i, 1.0, -1.0) for i in range(1, d))
-        return np.unique(np.array(patterns), axis=0)
+    def reduced_form(self, weights: Any) -> tuple[float, np.ndarray]:
+        """``(const, M)`` with ``max_x Var = const + max_{y ∈ [-1,1]^b} yᵀ M y`` (one query; see :meth:`worst`).
+
+        Only the coefficients the query touches (ω_j ≠ 0) matter; record coordinates whose columns of A agree on
+        those rows enter only through their block mean ȳ_b ∈ [-1, 1], free and independent across blocks, with
+        ``θ = Σ_b |b|·A[:, b]·ȳ_b``. For a Haar coordinate the blocks are the L siblings along the leaf's path and
+        the leaf itself (b = L + 1), whatever d is.
+        """
+        w = self._weights(weights)
+        if w.shape[0] != 1:
+            raise ValueError("reduced_form takes one query")
+        w = w[0]
+        const = float((w**2) @ self.base)
+        touched = w != 0
+        A = self.analysis[touched]
+        used = np.any(A != 0, axis=0)
+        if not used.any():
+            return const, np.zeros((0, 0))
+        cols, inverse = np.unique(A[:, used].T, axis=0, return_inverse=True)
+        A_red = cols.T * np.bincount(inverse.reshape(-1), minlength=cols.shape[0])  # (|touched|, b)
+        wt = w[touched]
+        M = A_red.T @ ((wt**2 * self.curvature[touched])[:, None] * A_red)
+        if self.cross:
+            J = self.correlated[touched]
+            v = A_red[J].T @ wt[J]
+            M -= self.cross * np.outer(v, v)
+        return const, M
+
+    def _worst_one(self, w: np.ndarray) -> float:
+        const, M = self.reduced_form(w[None, :])
+        b = M.shape[0]
+        if b == 0:
+            return const
+        if b <= ENUMERATION_MAX_D:
+            starts = _all_vertices(b)
+        else:
+            starts = _structured_vertices(b)
+            _, vecs = np.linalg.eigh(M)  # the sign patterns of the leading eigenvectors
+            eig = np.sign(vecs[:, -min(b, 8) :].T)
+            eig[eig == 0] = 1.0
+            starts = np.concatenate([starts, eig])
+        vals = np.einsum("si,si->s", starts @ M, starts)
+        top = np.argsort(-vals, kind="stable")[: min(4, vals.size)]
+        return const + _coordinate_ascent(M, starts[top])
+
+
+def _structured_vertices(b: int) -> np.ndarray:
+    """Deterministic start vertices when 2^(b-1) is too many: constant, alternating and step patterns."""
+    idx = np.arange(b)
+    patterns = [np.ones(b), np.where(idx % 2 == 0, 1.0, -1.0)]
+    patterns.extend(np.where(idx < i, 1.0, -1.0) for i in range(1, b))
+    patterns.extend(np.where((idx // p) % 2 == 0, 1.0, -1.0) for p in (2, 4, 8) if p < b)
+    return np.array(patterns)
 
 
 @functools.lru_cache(maxsize=32)

@@ -18,8 +18,8 @@ Candidates for a group of d dimensions with total budget ε per report:
 * ``frequency`` (needs k): the average over the k items of the per-item variance of f̂_v, which by linearity in f
   equals ``variance(1/k)`` for any distribution (:meth:`protocols.base.FrequencyOracle.variance`).
 
-Worst cases are exact maxima of the exact variance formulas (:mod:`protocols.pipeline._variance`, vertex
-enumeration for d ≤ 16) — including the covariances of k-sampling and Duchi multi-dim, and the coupling of the
+Worst cases are maxima over records of the exact variance formulas (:mod:`protocols.pipeline._variance`: vertex
+enumeration in reduced variables, then coordinate ascent) — including the covariances of k-sampling and Duchi multi-dim, and the coupling of the
 Haar coefficients (m = ±1 forces c = 0), so Haar is not charged a bound that no record attains. For a frequency
 oracle used for a *mean* the histogram is mapped to the grid ``a_v = -1 + 2v/(k-1)`` and the mean's variance is
 exact for GRR and OUE and uses the ideal-hash model for OLH (Wang et al., USENIX Security 2017).

@@ -30,8 +30,8 @@ A range sum is ``Σ_{i=a..b} t̂_i = w_m m̂ + Σ w_c ĉ`` with ``(w_m, w_c)`` f
 covariance ``-C θ_j θ_l`` (k-sampling: ``C = 1 - P(k-1)/(k(P-1))``, P = D-1; Duchi multi-dim: C = 1), a query
 with weights ω has per-user variance ``Σ ω_j²(a_j + g_j θ_j²) - C(Σ_{details} ω_j θ_j)²`` (g_j = g'_j + C on the
 details; :mod:`protocols.pipeline._variance`). :meth:`HaarRecord.variance` evaluates it at given records;
-``variance()`` without records gives the worst case over the record cube (maximised numerically: all vertices for
-d ≤ 16, then exact coordinate ascent). The independent-noise formula :func:`protocols.haar.haar_inverse_variance`
+``variance()`` without records gives the worst case over the record cube (maximised over the L + 1 block means
+of the coordinate's path: all vertices, then exact coordinate ascent). The independent-noise formula :func:`protocols.haar.haar_inverse_variance`
 omits the covariance term; for a coordinate it is ``Σ_anc Var(ĉ_a) + C[Σ_anc c_a² - (x_i - m)²]`` away from exact.
 
 **Split ε = ε_m + ε_c** (``split="auto"``): the fraction f = ε_m/ε minimising a documented objective — the
