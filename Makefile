@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-EXTRAS ?= dev,eval
+EXTRAS ?= dev,eval,flower-sim
 
 .PHONY: demo test audit bench eval venv clean
 
@@ -25,7 +25,7 @@ audit: $(STAMP)
 	HAARVEST_AUDIT_TRIALS=1000000 $(BIN)/python -m pytest -q tests/audit -m "slow or not slow"
 
 bench:
-	$(MAKE) EXTRAS=dev,eval,bench venv
+	$(MAKE) EXTRAS=dev,eval,bench,flower-sim venv
 	$(BIN)/python -m simulations.bench $(BENCH_ARGS)
 
 eval: $(STAMP)
