@@ -1,0 +1,135 @@
+"""Experiment 6: the longitudinal privacy each device actually spends over τ rounds, per protocol.
+
+Every protocol's fleet simulator charges ε∞ when a device creates a new memo entry and 0 for a memoized report
+(``privatize_round`` returns the per-device charges — what each device's ledger records, SPEC §4). Over the τ = 120
+rounds of Syn we report the distribution of the per-device totals (basic composition, the ledger's rule), the
+protocol's own worst-case bound (``longitudinal_bound``), and what :class:`protocols.accounting.Accountant` gives
+under advanced and Rényi composition at δ = 10⁻⁶ for the median and the most-charged device. The baseline is a fresh
+ε-LDP report every round (no memoization: τ charges of ε).
+
+What the charge covers (see :mod:`protocols.longitudinal.base`): memoization bounds what the transcript reveals about
+the *values*; *when* a value changes is protected only by the fresh IRR (ε1 per report), and not at all without one
+(dBitFlipPM, 1BitMean with γ = 0) — tests/audit/test_audit_longitudinal.py demonstrates that leak.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from protocols.accounting import Accountant
+from protocols.longitudinal import LongitudinalProtocol, OneBitMeanMemo
+from simulations.datasets import SYN_K
+from simulations.eval.common import EvalConfig, Figure, Section, Table, fmt_float, progress, pyplot
+from simulations.eval.longitudinal import frequency_protocols
+
+NAME = "privacy"
+TITLE = "6. Longitudinal privacy actually spent per device"
+EPSILON = 1.0
+DELTA = 1e-6
+QUICK_USERS = 500
+QUICK_ROUNDS = 20
+BASELINE = "fresh ε-LDP report every round (no memo)"
+
+
+def _protocols() -> dict[str, LongitudinalProtocol]:
+    protos: dict[str, LongitudinalProtocol] = dict(frequency_protocols(EPSILON, SYN_K))
+    protos["α-rounding + memoization (1BitMean, 16 cells)"] = OneBitMeanMemo(EPSILON, m=SYN_K - 1, s=16)
+    return protos
+
+
+def _composed(epsilon: float, charges: int) -> tuple[float, float, float]:
+    """(basic, advanced, RDP) ε at δ for ``charges`` pure ε-LDP charges, from the accountant."""
+    if charges == 0:
+        return 0.0, 0.0, 0.0
+    acc = Accountant()
+    for _ in range(charges):
+        acc.charge("evolving", "memo", epsilon)
+    report = acc.report(DELTA)
+    return report.basic[0], report.advanced[0], report.rdp[0]
+
+
+def run(config: EvalConfig) -> Section:
+    syn = config.syn()
+    if config.quick:
+        syn = syn[:QUICK_USERS, :QUICK_ROUNDS]
+    n, tau = syn.shape
+    cumulative: dict[str, np.ndarray] = {}
+    bounds: dict[str, float] = {}
+    eps1: dict[str, float] = {}
+    for label, proto in progress(list(_protocols().items()), config, "exp6 privacy spent"):
+        rng = config.rng(NAME, label)
+        fleet = proto.new_fleet(n, rng)
+        charges = np.empty((n, tau))
+        for t in range(tau):
+            _, charges[:, t] = proto.privatize_round(syn[:, t], fleet, rng)
+        cumulative[label] = np.cumsum(charges, axis=1)
+        bounds[label] = proto.longitudinal_bound()
+        eps1[label] = proto.epsilon_1
+    cumulative[BASELINE] = np.broadcast_to(EPSILON * np.arange(1, tau + 1), (n, tau))
+    bounds[BASELINE] = EPSILON * tau
+    eps1[BASELINE] = EPSILON
+
+    changes = float(np.mean(syn[:, 1:] != syn[:, :-1]))
+    distinct = np.array([np.unique(row).size for row in syn[: min(n, 2000)]])  # a sample: distinct values per device
+    table = Table(
+        f"Per-device ε spent over τ = {tau} rounds of Syn (n = {n}; ε∞ = {EPSILON:g}, ε1 = ε/2 for chains; "
+        f"composition of the charges by the accountant at δ = {DELTA:g})",
+        ["protocol", "ε1 (one report)", "mean", "median", "p95", "max", "protocol bound", "median dev.: advanced",
+         "median dev.: RDP", "max dev.: RDP"],
+    )
+    summary: dict[str, dict[str, float]] = {}
+    for label, cum in cumulative.items():
+        total = cum[:, -1]
+        med, top = float(np.median(total)), float(total.max())
+        _, adv_med, rdp_med = _composed(EPSILON, int(round(med / EPSILON)))
+        _, _, rdp_max = _composed(EPSILON, int(round(top / EPSILON)))
+        summary[label] = {"mean": float(total.mean()), "median": med, "p95": float(np.percentile(total, 95)),
+                          "max": top, "bound": bounds[label], "rdp_median": rdp_med}
+        table.add(label, fmt_float(eps1[label]), fmt_float(total.mean()), fmt_float(med),
+                  fmt_float(np.percentile(total, 95)), fmt_float(top), fmt_float(bounds[label]),
+                  fmt_float(adv_med), fmt_float(rdp_med), fmt_float(rdp_max))
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9.5, 5.4), dpi=110)
+    rounds = np.arange(1, tau + 1)
+    for i, (label, cum) in enumerate(cumulative.items()):
+        lo, mid, hi = np.percentile(cum, [5, 50, 95], axis=0)
+        line = ax.plot(rounds, cum.mean(axis=0), label=label, linewidth=1.5,
+                       linestyle="--" if label == BASELINE else "-")[0]
+        ax.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.12)
+    ax.set_yscale("log")
+    ax.set_xlabel("collection round")
+    ax.set_ylabel("cumulative ε charged per device (mean; band p5–p95)")
+    ax.set_title(f"Privacy spent on Syn, ε∞ = {EPSILON:g} (n = {n}, value changes in {changes:.0%} of rounds)",
+                 fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7.5, loc="lower right", framealpha=0.9)
+    fig.tight_layout()
+    config.img_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(config.img_dir / "exp6_privacy_spent.png")
+    plt.close(fig)
+
+    cheapest = min((k for k in summary if k != BASELINE), key=lambda k: summary[k]["mean"])
+    findings = [
+        f"Syn changes value in {changes:.0%} of rounds; a device sees {np.mean(distinct):.1f} distinct values on "
+        f"average over {tau} rounds, so value-memoized protocols (L-GRR, L-OSUE, RAPPOR) charge about that many "
+        f"ε∞: mean {fmt_float(summary['L-GRR']['mean'])} versus {fmt_float(EPSILON * tau)} for a fresh report "
+        "every round.",
+        f"Cheapest: {cheapest} (mean {fmt_float(summary[cheapest]['mean'])}, bound "
+        f"{fmt_float(summary[cheapest]['bound'])}); LOLOHA's hashing caps the spend at g·ε∞ whatever the changes, "
+        "dBitFlipPM (d = 1) at 2ε — at the utility cost shown in experiment 4.",
+        "These totals bound what the transcript reveals about the values; the times at which a value changes are "
+        "protected only by a fresh IRR (ε1 per report) — dBitFlipPM and 1BitMean (γ = 0) have none.",
+    ]
+    setup = f"""
+Syn (n = {n} devices, τ = {tau} rounds, k = {SYN_K}); every protocol at **ε∞ = {EPSILON:g}** (chains: ε1 = ε/2; RAPPOR
+calibrated to the same pair; dBitFlipPM with b = k and d ∈ {{1, k}}; α-rounding + memoization = memoized 1BitMean on 16
+cells). The per-device charges are the ones the protocols' fleet simulators record (ε∞ per new memo entry). "Protocol
+bound" is the protocol's own worst case (`longitudinal_bound()`); advanced and RDP columns compose the median (or the
+maximum) device's charges with `protocols.accounting.Accountant` at δ = {DELTA:g} (each an (ε, δ) guarantee; they
+beat basic composition only when a device accumulates many charges).
+"""
+    return Section(NAME, TITLE, setup, tables=[table],
+                   figures=[Figure("exp6_privacy_spent.png",
+                                   "Experiment 6: cumulative ε charged per device over the rounds (log scale).")],
+                   findings=findings, data={"summary": summary})

@@ -1,0 +1,94 @@
+"""The evaluation in quick mode (what CI runs): every experiment runs, the report and the plots are written, and the
+numbers are sane (measured errors agree with the analytic variances within generous factors, Haar range queries
+beat flat sums on long ranges, the ledger totals respect each protocol's bound)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from simulations.datasets import adult_dir
+from simulations.eval.common import EvalConfig, Stat, best_of, summarise
+from simulations.eval.runner import EXPERIMENTS, experiment_modules, run_experiments
+
+pytestmark = [
+    pytest.mark.skipif(not (adult_dir() / "adult-coarse.dat").is_file(), reason="Adult dataset not present"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # the peers call random.randint with floats
+]
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval")
+    config = EvalConfig(out_dir=out, quick=True, reps=2, show_progress=False)
+    start = time.perf_counter()
+    sections, report = run_experiments(config)
+    return config, {s.name: s for s in sections}, report, time.perf_counter() - start
+
+
+def test_quick_mode_runs_every_experiment_in_time(quick_run):
+    config, sections, report, seconds = quick_run
+    assert len(sections) == len(EXPERIMENTS)
+    assert seconds < 120  # < 60 s on an idle 2-core machine; margin for a loaded CI host
+    text = report.read_text()
+    for s in sections.values():
+        assert s.title in text
+        for fig in s.figures:
+            png = config.img_dir / fig.filename
+            assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000, fig.filename
+            assert f"img/{fig.filename}" in text
+    assert "Which audit covers each mechanism" in text and "**missing**" not in text
+
+
+def test_numeric_errors_match_the_analytic_variances(quick_run):
+    _, sections, _, _ = quick_run
+    theory = sections["epsilon"].data["theory"]
+    for label, by_eps in sections["epsilon"].data["attribute_mse"].items():
+        for eps, stat in by_eps.items():
+            # mean of 2 repetitions × 6 attributes of squared errors: within a factor 10 of its expectation
+            assert theory[label][eps] / 10 < stat.mean < theory[label][eps] * 10, (label, eps)
+
+
+def test_range_queries_haar_beats_flat_sums_on_long_ranges(quick_run):
+    _, sections, _, _ = quick_run
+    analytic = sections["range"].data["analytic"][1.0]
+    assert analytic["HaarHRR"][256] < analytic["OUE (sum of items)"][256] / 3
+    assert analytic["HaarHRR"][1] > analytic["OUE (sum of items)"][1]  # and loses on point queries
+
+
+def test_privacy_spent_respects_each_protocols_bound(quick_run):
+    _, sections, _, _ = quick_run
+    for label, row in sections["privacy"].data["summary"].items():
+        assert 0 < row["mean"] <= row["max"] <= row["bound"] + 1e-9, label
+
+
+def test_evolving_has_our_and_peer_rows(quick_run):
+    _, sections, _, _ = quick_run
+    post = sections["evolving"].data["post"]
+    assert any("multi-freq-ldpy" in label for label in post)
+    assert {"L-GRR", "L-OSUE", "BiLOLOHA", "OLOLOHA", "RAPPOR"} <= set(sections["evolving"].data["raw"])
+
+
+def test_only_selects_and_rejects_unknown_names():
+    assert [m.NAME for m in experiment_modules(["range", "epsilon"])] == ["epsilon", "range"]
+    with pytest.raises(ValueError, match="unknown experiment"):
+        experiment_modules(["nope"])
+
+
+def test_config_rng_is_reproducible_and_label_specific(tmp_path):
+    c = EvalConfig(out_dir=tmp_path)
+    assert c.rng("a", 1).random() == c.rng("a", 1).random()
+    assert c.rng("a", 1).random() != c.rng("a", 2).random()
+    with pytest.raises(ValueError):
+        EvalConfig(out_dir=tmp_path, reps=1)
+
+
+def test_best_of_names_statistical_ties():
+    a, b, c = Stat(1.0, 0.1, 10), Stat(1.05, 0.1, 10), Stat(5.0, 0.1, 10)
+    text = best_of({"a": a, "b": b, "c": c})
+    assert text.startswith("a (1)") and "tied with b" in text and "c" not in text.split("tied with")[1]
+    assert summarise([1.0, 3.0]).std == pytest.approx(np.sqrt(2))
