@@ -16,10 +16,11 @@
 
 **Vectorisation.** The rounding objects are used as-is on the fleet flattened to n·d "dimensions" (devices are
 synchronised on rounds, so one object holds every device's windows, plans and offsets). Keys depend only on the
-data and u, never on the noise, so memo hits are found for all rounds at once: each (device, key) row is hashed to
-64 bits, rows are stably sorted by hash (ties keep round order), and the first row of each group is the device's
-first use of that key; the rows of every group are then checked for exact equality, so a hash collision raises
-instead of silently merging keys. New reports are privatized round by round, vectorised over the devices with a new key.
+data and u, never on the noise, so memo hits are found for all rounds at once: each device's key row is hashed
+twice (two independent 64-bit hashes), rows are stably sorted by (device, first hash) (ties keep round order),
+and the first row of each group is the device's first use of that key; every row of a group must match the
+group's first row on the second hash, so a collision (probability ~ 2^-128 per pair) raises instead of silently
+merging keys. New reports are privatized round by round, vectorised over the devices with a new key.
 
 **Accounting.** ``charged[i, r]`` is the ε device i spends in round r (ε for a new key, else 0), ``cumulative``
 its running total — SPEC §4's memoization bound: total ≤ (#distinct keys)·ε.
@@ -128,20 +129,34 @@ def _row_hash(cols: np.ndarray, seed: int) -> np.ndarray:
     return h
 
 
-def _first_uses(kinds: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Group ids (n, τ) of identical (device, key) rows and the mask of each group's first round."""
-    n, tau, d = kinds.shape
-    device = np.repeat(np.arange(n, dtype=np.int64), tau)[:, None]
-    cols = np.concatenate([device, kinds.reshape(n * tau, d), vals.reshape(n * tau, d)], axis=1).view(np.uint64)
-    h = _row_hash(cols, 0x243F6A8885A308D3)
-    order = np.argsort(h, kind="stable")  # rows are in (device, round) order: ties keep the earliest round first
-    h_s = h[order]
+_SEEDS = (0x243F6A8885A308D3, 0x13198A2E03707344)
+
+
+def _key_hashes(kind: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two independent 64-bit hashes of each device's key row (kind, val of shape (n, d))."""
+    cols = np.concatenate([kind, val], axis=1).view(np.uint64)
+    return _row_hash(cols, _SEEDS[0]), _row_hash(cols, _SEEDS[1])
+
+
+def _first_uses(h1: np.ndarray, h2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group ids (n, τ) of identical (device, key) rows and the mask of each group's first round.
+
+    Rows are grouped by a hash of (device, h1) with a stable sort (ties keep round order, so a group's first row
+    is the device's first use of the key); every row of a group must agree with the group's first row on the
+    device and on the independent hash h2, else a collision is reported instead of merging different keys.
+    """
+    n, tau = h1.shape
+    device = np.repeat(np.arange(n, dtype=np.uint64), tau)
+    g = _mix64(h1.reshape(-1) ^ _mix64(device + np.uint64(0x452821E638D01377)))
+    order = np.argsort(g, kind="stable")
+    g_s = g[order]
     start = np.ones(order.size, dtype=bool)
-    start[1:] = h_s[1:] != h_s[:-1]
+    start[1:] = g_s[1:] != g_s[:-1]
     gid_sorted = np.cumsum(start) - 1
-    first_row = order[start][gid_sorted]  # the group's earliest row, for every sorted row
-    if not np.array_equal(cols[order], cols[first_row]):
-        raise RuntimeError("memo-key hash collision (probability ~ (nτ)²/2^65): rerun with another record order")
+    first_row = order[start][gid_sorted]
+    h2f = h2.reshape(-1)
+    if not (np.array_equal(device[order], device[first_row]) and np.array_equal(h2f[order], h2f[first_row])):
+        raise RuntimeError("memo-key hash collision (probability ~ (nτ)²/2^65): keys would be merged")
     gid = np.empty(order.size, dtype=np.int64)
     gid[order] = gid_sorted
     first = np.zeros(order.size, dtype=bool)
@@ -282,11 +297,13 @@ class MemoizedPipeline:
         history: Any = None,
         u: Any = None,
         keep_reports: bool = False,
+        stderr: bool = True,
     ) -> FleetRun:
         """Simulate every device over the rounds of ``records`` (n, τ, d); see :class:`FleetRun`.
 
         ``history`` (n, h, d): earlier readings that only fill the volatility windows (no reports, no charge).
         ``u`` (n, d): α offsets in [0, 1) (default: drawn from ``rng``, once per device and dimension).
+        ``stderr=False`` skips the analytic standard errors (NaN) for speed.
         """
         if not isinstance(rng, np.random.Generator):
             raise ValueError("rng must be a numpy.random.Generator")
@@ -336,21 +353,20 @@ class MemoizedPipeline:
         xc = np.clip(x, self.lo, self.hi)
         clipped = int(np.count_nonzero(xc != x))
         t = np.empty_like(x)
-        kinds = np.empty(x.shape, dtype=np.int64)
-        vals = np.empty(x.shape, dtype=np.int64)
+        h1 = np.empty((n, tau), dtype=np.uint64)
+        h2 = np.empty((n, tau), dtype=np.uint64)
         rounded_fraction = np.empty((tau, d))
         target = np.empty((tau, d))
         for r in range(tau):
             y, rounded, kind, val = observe(xc[:, r, :].reshape(-1))
             y = y.reshape(n, d)
             t[:, r, :] = normalise(y, self.lo, self.hi)
-            kinds[:, r, :] = kind.reshape(n, d)
-            vals[:, r, :] = val.reshape(n, d)
+            h1[:, r], h2[:, r] = _key_hashes(kind.reshape(n, d), val.reshape(n, d))
             rounded_fraction[r] = rounded.reshape(n, d).mean(axis=0)
             target[r] = y.mean(axis=0)
 
         if self.memoize:
-            gid, new_key = _first_uses(kinds, vals)
+            gid, new_key = _first_uses(h1, h2)
             table: np.ndarray | None = None
         else:
             gid, new_key = None, np.ones((n, tau), dtype=bool)
@@ -373,7 +389,10 @@ class MemoizedPipeline:
                 if keep_reports:
                     kept.append(reports)  # type: ignore[arg-type]
             est[r] = self.mechanism.estimate(reports)
-            var[r] = np.asarray(self.mechanism.variance(t[:, r, :]), dtype=float).reshape(n, d).mean(axis=0)
+            if stderr:
+                var[r] = np.asarray(self.mechanism.variance(t[:, r, :]), dtype=float).reshape(n, d).mean(axis=0)
+            else:
+                var[r] = np.nan
 
         scale = (self.hi - self.lo) / 2.0
         charged = np.where(new_key, self.epsilon, 0.0)
