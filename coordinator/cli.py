@@ -39,7 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         shared_group=args.share_group, batch_size=args.batch_size, batch_ms=args.batch_ms,
         replay_window=args.replay_window, http_host=args.http_host, http_port=args.http_port,
         devices_file=args.devices, mqtt_username=args.mqtt_username, mqtt_password=args.mqtt_password,
-        mqtt_tls_ca=args.mqtt_ca,
+        mqtt_tls_ca=args.mqtt_ca, mqtt_protocol=args.mqtt_protocol,
     )
     coord = Coordinator(config)
     done = threading.Event()
@@ -214,6 +214,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--mqtt-username", default=None)
     run.add_argument("--mqtt-password", default=None)
     run.add_argument("--mqtt-ca", default=None, help="CA certificate: connect with TLS")
+    run.add_argument("--mqtt-protocol", choices=("5", "3.1.1", "auto"), default="5",
+                     help="MQTT protocol version (3.1.1 for brokers such as amqtt; default %(default)s)")
     run.set_defaults(func=cmd_run)
 
     en = sub.add_parser("enroll-device", help="register a device's Ed25519 public key")

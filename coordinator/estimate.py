@@ -7,11 +7,12 @@ Per round and stream the stored bodies are stacked (one ``json.loads`` for all o
 * ``numeric`` / ``vector``: ``t̂ = mechanism.estimate(rows)`` (per-coordinate means in [-1, 1]), de-normalised
   ``x̂ = lo + (t̂ + 1)(hi - lo)/2``; standard error ``((hi - lo)/2)·sqrt(Var(t)/n)``.
 * ``frequency``: ``f̂ = mechanism.estimate(rows)`` (unbiased fractions), standard error ``sqrt(Var(f)/n)``.
-* ``haar`` (SPEC §2.4–2.5): ``m̂`` from the mean mechanism, ``ĉ`` (D-1 details) from the detail mechanism,
-  ``t̂ = haar_inverse(m̂, ĉ)`` truncated to d, de-normalised; ``Var t̂_i = Var m̂ + Σ_{ancestors} Var ĉ_a``
-  (:func:`protocols.haar.haar_inverse_variance`; this treats the detail coordinates' noise as independent,
-  which is exact for Duchi's multi-dimensional mechanism up to its O(t²) covariance terms and for k-sampling up
-  to the ``-t_a t_b`` covariance of unsampled coordinates — both small next to the ``(d/k)·Var_1D`` terms).
+* ``haar`` (SPEC §2.4–2.5): decoded by :class:`protocols.pipeline.HaarRecord` — the same object the devices
+  privatize with (``StreamSpec.build()``): ``t̂ = HaarRecord.estimate(rows)`` (``haar_inverse(m̂, ĉ)``), its
+  exact per-coordinate variance model (``HaarRecord.variance(t)``, covariances of the detail mechanism included)
+  at the estimate (``plugin``) or its worst case over records (``worst``); de-normalised like numeric streams.
+* ``longitudinal`` (L-GRR, LOLOHA): ``f̂ = protocol.estimate_round(reports)`` of the round's reports (each device's
+  fresh IRR of its memoized PRR), per-user variance ``protocol.variance(f)``; otherwise like ``frequency``.
 
 **Variance basis.** The per-user variances come from the mechanisms' ``variance`` formulas. Numeric
 mechanisms' ``variance(t)`` depends on the unknown t: ``variance="plugin"`` (default) evaluates it at the
@@ -122,8 +123,11 @@ def estimate_stream(spec: StreamSpec, rows: list[Any], round_id: str = "", strea
         out.labels = list(spec.dims)
         out.stderr = (scale * np.sqrt(var / n)).tolist()
     else:
-        mech = registry.build(str(spec.mechanism), **spec.params)
-        f_hat = np.asarray(mech.estimate(registry.rows_from_json(rows)), dtype=float).reshape(-1)
+        mech = spec.build()
+        if spec.kind == "longitudinal":
+            f_hat = np.asarray(mech.estimate_round(np.asarray(rows, dtype=np.int64)), dtype=float).reshape(-1)
+        else:
+            f_hat = np.asarray(mech.estimate(registry.rows_from_json(rows)), dtype=float).reshape(-1)
         var = _frequency_variance(mech, f_hat, variance)
         c_lo, c_hi = confidence_interval(f_hat, var, n, level)
         raw = est = f_hat
@@ -140,23 +144,12 @@ def estimate_stream(spec: StreamSpec, rows: list[Any], round_id: str = "", strea
 def _normalised_means(spec: StreamSpec, rows: list[Any], basis: VarianceBasis) -> tuple[np.ndarray, np.ndarray]:
     """(t̂, per-user variance) per dimension, in the normalised domain [-1, 1]."""
     d = len(spec.dims)
+    mech = spec.build()
     if spec.kind == "haar":
-        from protocols.haar import haar_inverse, haar_inverse_variance, padded_size
-
-        assert spec.mean is not None and spec.detail is not None
-        mean_mech = registry.build(spec.mean.mechanism, **spec.mean.params)
-        detail_mech = registry.build(spec.detail.mechanism, **spec.detail.params)
-        m_rows = registry.rows_from_json([r["mean"] for r in rows], dtype=float)
-        c_rows = registry.rows_from_json([r["detail"] for r in rows], dtype=float)
-        D = padded_size(d)
-        m_hat = np.asarray(mean_mech.estimate(m_rows), dtype=float).reshape(-1)
-        c_hat = np.asarray(detail_mech.estimate(c_rows), dtype=float).reshape(-1)
-        if m_hat.size != 1 or c_hat.size != D - 1:
-            raise ValueError(f"haar stream with d={d} needs 1 mean and {D - 1} detail coefficients")
-        var_m = _numeric_variance(mean_mech, m_hat, basis)
-        var_c = _numeric_variance(detail_mech, c_hat, basis)
-        return haar_inverse(m_hat[0], c_hat, d), haar_inverse_variance(float(var_m[0]), var_c, d)
-    mech = registry.build(str(spec.mechanism), **spec.params)
+        t_hat = np.asarray(mech.estimate(mech.rows_from_wire(rows)), dtype=float).reshape(-1)
+        if basis == "worst":
+            return t_hat, np.asarray(mech.worst_case_variances(), dtype=float)
+        return t_hat, np.asarray(mech.variance(np.clip(t_hat, -1.0, 1.0)), dtype=float).reshape(-1)
     t_hat = np.asarray(mech.estimate(registry.rows_from_json(rows, dtype=float)), dtype=float).reshape(-1)
     if t_hat.size != d:
         raise ValueError(f"mechanism {spec.mechanism!r} estimated {t_hat.size} values for {d} dimensions")

@@ -9,6 +9,10 @@ duplicate and rejected alike. A crash before the commit loses nothing (the broke
 messages); a crash between commit and PUBACK makes the redelivered copies ``duplicate`` (acknowledged, not
 stored again). Several workers can split a fleet with an MQTT v5 shared subscription ``$share/<group>/...``
 (use a shared store, e.g. PostgreSQL).
+
+``protocol = "3.1.1"`` (brokers without MQTT 5, e.g. amqtt) keeps the same guarantees with ``clean_session=False``
+(the broker keeps the session until it is cleaned) and manual acks; ``"auto"`` tries MQTT 5 and falls back to
+3.1.1 for good when the broker refuses the protocol version or closes the connection before any CONNACK.
 """
 
 from __future__ import annotations
@@ -61,6 +65,14 @@ class IngestSettings:
     username: str | None = None
     password: str | None = None
     tls_ca: str | None = None
+    protocol: str = "5"  # "5", "3.1.1" or "auto"
+
+
+#: CONNACK codes meaning "unsupported protocol version" (3.1.1 return code 1, MQTT 5 reason 0x84).
+_UNSUPPORTED_VERSION = {1, 0x84}
+#: ``protocol="auto"``: a TCP connection without CONNACK for this long counts as a refusal of MQTT 5 (amqtt
+#: neither answers nor closes an MQTT 5 CONNECT with properties).
+CONNACK_TIMEOUT = 3.0
 
 
 @dataclass
@@ -88,34 +100,76 @@ class IngestWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._subscribed = threading.Event()
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=mqtt.MQTTv5, manual_ack=True
-        )
-        self.client.max_queued_messages_set(0)
-        if settings.username:
-            self.client.username_pw_set(settings.username, settings.password)
-        if settings.tls_ca:
-            self.client.tls_set(ca_certs=settings.tls_ca)
-        self.client.on_connect = self._on_connect
-        self.client.on_disconnect = self._on_disconnect
-        self.client.on_message = self._on_message
-        self.client.on_subscribe = self._on_subscribe
-        self.client.reconnect_delay_set(0.1, 5)
+        if settings.protocol not in ("5", "3.1.1", "auto"):
+            raise ValueError(f"protocol must be '5', '3.1.1' or 'auto', got {settings.protocol!r}")
+        if settings.shared_group is not None and settings.protocol == "3.1.1":
+            raise ValueError("shared subscriptions need MQTT 5")
+        self.protocol = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
+        self._version_failures = 0
+        self._connacked = False
+        self.client = self._make_client()
+
+    def _make_client(self) -> mqtt.Client:
+        s = self.settings
+        v5 = self.protocol == mqtt.MQTTv5
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=self.protocol,
+                             clean_session=None if v5 else False, manual_ack=True)
+        client.max_queued_messages_set(0)
+        if s.username:
+            client.username_pw_set(s.username, s.password)
+        if s.tls_ca:
+            client.tls_set(ca_certs=s.tls_ca)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
+        client.reconnect_delay_set(0.1, 5)
+        return client
+
+    def _connect_async(self) -> None:
+        if self.protocol == mqtt.MQTTv5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = SESSION_EXPIRY
+            props.ReceiveMaximum = self.settings.receive_maximum
+            self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive,
+                                      clean_start=False, properties=props)
+        else:
+            self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, wait: float = 10.0) -> None:
         """Connect (persistent session), subscribe, start the worker thread; wait until subscribed."""
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = SESSION_EXPIRY
-        props.ReceiveMaximum = self.settings.receive_maximum
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="haarvest-ingest", daemon=True)
         self._thread.start()
-        self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive,
-                                  clean_start=False, properties=props)
+        self._connect_async()
         self.client.loop_start()
+        if self.settings.protocol == "auto" and wait:
+            started = time.monotonic()
+            deadline = started + wait
+            while not self._subscribed.wait(0.05) and time.monotonic() < deadline:
+                if self.protocol != mqtt.MQTTv5:
+                    continue
+                silent = (not self._connacked and self.client.socket() is not None
+                          and time.monotonic() - started > CONNACK_TIMEOUT)
+                if self._version_failures >= 2 or silent:
+                    self._fall_back()
         if wait and not self._subscribed.wait(wait):
             raise TimeoutError(f"could not subscribe on {self.settings.host}:{self.settings.port} in {wait}s")
+
+    def _fall_back(self) -> None:
+        """Switch to MQTT 3.1.1 for good (the broker does not speak MQTT 5)."""
+        log.warning("broker refused MQTT 5: falling back to MQTT 3.1.1")
+        old = self.client
+        old.loop_stop()
+        try:
+            old.disconnect()
+        except Exception:  # noqa: BLE001 - the old connection is being discarded
+            pass
+        self.protocol = mqtt.MQTTv311
+        self.client = self._make_client()
+        self._connect_async()
+        self.client.loop_start()
 
     def stop(self, drain: bool = True) -> None:
         """Stop: with ``drain``, commit and acknowledge what was received first; then disconnect."""
@@ -150,11 +204,17 @@ class IngestWorker:
     # ------------------------------------------------------------------ paho callbacks (network thread)
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if reason_code.is_failure:
+            if reason_code.value in _UNSUPPORTED_VERSION:
+                self._version_failures += 1
             log.warning("MQTT connect refused: %s", reason_code)
             return
+        self._connacked = True
         self._generation += 1
         self.metrics.connected = True
-        client.subscribe(self.topic, options=SubscribeOptions(qos=1))
+        if self.protocol == mqtt.MQTTv5:
+            client.subscribe(self.topic, options=SubscribeOptions(qos=1))
+        else:
+            client.subscribe(self.topic, qos=1)
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
         if all(not rc.is_failure for rc in reason_codes):
@@ -163,6 +223,8 @@ class IngestWorker:
             log.error("subscription to %s refused: %s", self.topic, reason_codes)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
+        if not self._connacked:
+            self._version_failures += 1  # closed before any CONNACK: e.g. a 3.1.1-only broker seeing MQTT 5
         self.metrics.connected = False
 
     def _on_message(self, client, userdata, msg) -> None:  # noqa: ANN001

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from coordinator.estimate import StreamEstimate
 from coordinator.schemas import HeavyHitterSpec, RoundParams, StreamSpec, parse_round_params
 from coordinator.store import Store
-from protocols import registry, wire
+from protocols import wire
 
 __all__ = ["RoundManager", "check_round_params", "plan_rounding_steps", "plan_heavy_hitters",
            "quantise_step", "heavy_hitters_from_estimate"]
@@ -40,13 +40,10 @@ Publisher = Callable[[str, bytes, bool], None]
 def check_round_params(params: RoundParams, epsilon: float) -> None:
     """Every stream's mechanisms build with their parameters, and Σ stream ε ≤ round ε (ValueError otherwise)."""
     for name, spec in params.streams.items():
-        mechs = [(spec.mean.mechanism, spec.mean.params), (spec.detail.mechanism, spec.detail.params)] \
-            if spec.kind == "haar" else [(spec.mechanism, spec.params)]
-        for mech_name, mech_params in mechs:
-            try:
-                registry.build(str(mech_name), **mech_params)
-            except (ValueError, ImportError, AttributeError) as exc:
-                raise ValueError(f"stream {name!r}: mechanism {mech_name!r}: {exc}") from None
+        try:
+            spec.build()
+        except (ValueError, ImportError, AttributeError) as exc:
+            raise ValueError(f"stream {name!r}: mechanism {spec.wire_mechanism!r}: {exc}") from None
         if spec.epsilon <= 0:
             raise ValueError(f"stream {name!r}: its mechanism params must state epsilon > 0")
     if params.epsilon > epsilon * (1 + 1e-12):

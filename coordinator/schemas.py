@@ -5,25 +5,37 @@ This module is the contract (see docs/coordinator.md); it depends only on pydant
 
 **Round parameters.** ``RoundConfig.params`` (:mod:`protocols.wire`) is a :class:`RoundParams`::
 
-    {"streams": {"<stream>": {"kind": "numeric" | "vector" | "frequency" | "haar",
-                              "mechanism": "<registry name>", "params": {...},        # not for "haar"
+    {"streams": {"<stream>": {"kind": "numeric" | "vector" | "frequency" | "haar" | "longitudinal",
+                              "mechanism": "<name>", "params": {...},                # StreamSpec.build() makes it
                               "dims": ["cpu", ...], "bounds": [[lo, hi], ...],       # numeric/vector/haar
-                              "mean": {"mechanism": ..., "params": {...}},           # "haar" only
-                              "detail": {"mechanism": ..., "params": {...}},         # "haar" only
                               "rounding": [step or null per dim] | null,              # α-rounding steps (units of x)
                               "heavy_hitters": {...} | null}}}                        # prefix extension (frequency)
 
 **Report body.** A device's :class:`protocols.wire.Report` for stream ``s`` of round ``r`` carries
 ``mechanism = StreamSpec.wire_mechanism`` and ``body = {"report": ROW}`` where ROW is
 ``protocols.registry.row_to_json`` of one row of the mechanism's ``privatize`` output (a scalar or a list).
-For ``kind == "haar"`` ROW is ``{"mean": row of the mean mechanism, "detail": row of the detail mechanism}``.
+For ``kind == "haar"`` ROW is ``{"mean": y, "detail": [z_1 … z_{D-1}]}`` (``HaarRecord.to_wire``); for
+``kind == "longitudinal"`` it is the protocol client's report (L-GRR: the reported symbol; LOLOHA: ``[seed, y]``).
+
+**Bounds are the device's.** A device refuses a stream of a round whose ``dims`` or ``bounds`` differ from the
+dimensions it declares (it never adopts a round's bounds: its clipping, α-rounding state and memo keys are tied to
+its own); a round built from the devices' declarations (``edge_agent.Agent.stream_specs()``) agrees by
+construction. ``rounding`` and the mechanism (within the device's ε) are public round parameters it does follow.
 
 **Normalisation.** Numeric values are clipped to ``[lo, hi]`` and normalised ``t = 2(x - lo)/(hi - lo) - 1``
-before privatizing; the coordinator de-normalises ``x = lo + (t + 1)(hi - lo)/2``.
+before privatizing (:func:`normalise`); the coordinator de-normalises ``x = lo + (t + 1)(hi - lo)/2``.
 
-**Haar records** (SPEC §2.4). The d normalised values are zero-padded to D = 2^⌈log2 d⌉ (D ≥ 2,
-:func:`protocols.haar.padded_size`) and transformed (:func:`protocols.haar.haar_forward`); the mean ``m`` goes
-through the scalar ``mean`` mechanism and the D-1 details through the vector ``detail`` mechanism (``d = D-1``).
+**Haar records** (SPEC §2.4). ``mechanism = "haar"``, ``params`` = the constructor arguments of
+:class:`protocols.pipeline.HaarRecord` (``epsilon``, ``d`` = number of dims, ``mean_mechanism``,
+``detail_mechanism``, ``split``): the d normalised values are zero-padded to D = 2^⌈log2 d⌉, transformed, the mean
+goes through the mean mechanism with ε_m = split·ε and the D-1 details through the detail mechanism with
+ε_c = ε - ε_m. The older form with explicit ``mean`` and ``detail`` mechanism specs is still accepted and converted
+(:func:`haar_params_from_components`).
+
+**Longitudinal streams** (SPEC §3.9–3.10). ``mechanism`` is a key of :data:`LONGITUDINAL_PROTOCOLS` (``lgrr``,
+``loloha``), ``params`` the protocol's constructor arguments (``epsilon_inf``, ``epsilon_1``, ``k`` [, ``g``]);
+one categorical dimension. A report costs at most ε∞ (a new memo slot), which is what :attr:`StreamSpec.epsilon`
+counts towards the round's ε.
 
 **Heavy hitters** (sequentially interactive prefix extension, SPEC §3.13/§5): see :class:`HeavyHitterSpec` and
 :func:`heavy_hitter_items`.
@@ -42,6 +54,8 @@ from protocols.wire import IDENT
 __all__ = [
     "BODY_KEY",
     "HAAR_MECHANISM",
+    "LONGITUDINAL_PROTOCOLS",
+    "haar_params_from_components",
     "StreamKind",
     "MechanismSpec",
     "HeavyHitterSpec",
@@ -60,7 +74,13 @@ BODY_KEY = "report"
 #: ``Report.mechanism`` of a Haar-record stream.
 HAAR_MECHANISM = "haar"
 
-StreamKind = Literal["numeric", "vector", "frequency", "haar"]
+#: Wire names of the longitudinal protocols a stream may use → :mod:`protocols.longitudinal` protocol names.
+LONGITUDINAL_PROTOCOLS: dict[str, str] = {"lgrr": "L-GRR", "loloha": "LOLOHA"}
+#: Mean / detail mechanisms of :class:`protocols.pipeline.HaarRecord` (for converting the component form).
+_HAAR_MEAN = ("pdp", "piecewise", "hybrid", "duchi")
+_HAAR_DETAIL = ("ksampling", "duchi_md")
+
+StreamKind = Literal["numeric", "vector", "frequency", "haar", "longitudinal"]
 
 
 class _Model(BaseModel):
@@ -114,6 +134,31 @@ class HeavyHitterSpec(_Model):
         return (self.candidates[cand] << self.step_bits) | nxt
 
 
+def _padded(d: int) -> int:
+    """D = 2^⌈log2 d⌉ with D ≥ 2 (:func:`protocols.haar.padded_size`, repeated to keep this module light)."""
+    return max(2, 1 << (int(d) - 1).bit_length())
+
+
+def haar_params_from_components(mean: MechanismSpec, detail: MechanismSpec, d: int) -> dict[str, Any]:
+    """The ``HaarRecord`` parameters equivalent to the component form ``{"mean": …, "detail": …}``.
+
+    ε = ε_m + ε_c and ``split = ε_m/ε``; the mean mechanism must be one of PDP/PM/HM/Duchi with only ``epsilon``,
+    the detail mechanism k-sampling (HM base) or Duchi multi-dim over ``d = D - 1`` coordinates.
+    """
+    if mean.mechanism not in _HAAR_MEAN or set(mean.params) != {"epsilon"}:
+        raise ValueError(f"a haar mean mechanism is one of {_HAAR_MEAN} with only 'epsilon'")
+    extra = set(detail.params) - {"epsilon", "d", "base"}
+    if detail.mechanism not in _HAAR_DETAIL or extra or detail.params.get("base", "hybrid") != "hybrid":
+        raise ValueError(f"a haar detail mechanism is one of {_HAAR_DETAIL} (k-sampling with the hybrid base)")
+    if int(detail.params.get("d", -1)) != _padded(d) - 1:
+        raise ValueError(f"the haar detail mechanism of {d} dims has d = {_padded(d) - 1}")
+    eps_m, eps_c = mean.epsilon, detail.epsilon
+    if not (eps_m > 0 and eps_c > 0):
+        raise ValueError("haar mean and detail mechanisms need epsilon > 0")
+    return {"epsilon": eps_m + eps_c, "d": int(d), "mean_mechanism": mean.mechanism,
+            "detail_mechanism": detail.mechanism, "split": eps_m / (eps_m + eps_c)}
+
+
 class StreamSpec(_Model):
     """How one stream is collected in a round (see the module docstring)."""
 
@@ -123,31 +168,70 @@ class StreamSpec(_Model):
     dims: list[str] = Field(min_length=1)
     bounds: list[tuple[float, float]] | None = None
     labels: list[str] | None = None
-    mean: MechanismSpec | None = None
-    detail: MechanismSpec | None = None
+    mean: MechanismSpec | None = Field(default=None, description="input only: converted to mechanism 'haar'")
+    detail: MechanismSpec | None = Field(default=None, description="input only: converted to mechanism 'haar'")
     rounding: list[float | None] | None = None
     heavy_hitters: HeavyHitterSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _haar_form(cls, data: Any) -> Any:
+        """Convert the component form of a haar stream to ``mechanism = "haar"`` + HaarRecord params."""
+        if not isinstance(data, dict) or data.get("kind") != "haar":
+            return data
+        data = dict(data)
+        dims = data.get("dims")
+        d = len(dims) if isinstance(dims, list) else None
+        if data.get("mean") is not None or data.get("detail") is not None:
+            if data.get("mean") is None or data.get("detail") is None:
+                raise ValueError("the component form of a haar stream needs both 'mean' and 'detail'")
+            if data.get("params"):
+                raise ValueError("a haar stream gives either params or mean/detail, not both")
+            if d is None:
+                raise ValueError("a haar stream needs dims")
+            data["params"] = haar_params_from_components(MechanismSpec.model_validate(data.pop("mean")),
+                                                         MechanismSpec.model_validate(data.pop("detail")), d)
+        data.pop("mean", None)
+        data.pop("detail", None)
+        if data.get("mechanism") is None:
+            data["mechanism"] = HAAR_MECHANISM
+        if isinstance(data.get("params"), dict) and d is not None and "d" not in data["params"]:
+            data["params"] = {**data["params"], "d": d}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "StreamSpec":
         if self.kind == "haar":
-            if self.mean is None or self.detail is None:
-                raise ValueError("a haar stream needs 'mean' and 'detail' mechanisms")
-            if self.mechanism not in (None, HAAR_MECHANISM):
+            if self.mechanism != HAAR_MECHANISM:
                 raise ValueError(f"a haar stream's mechanism is {HAAR_MECHANISM!r}")
+            if self.params.get("d") != len(self.dims):
+                raise ValueError(f"a haar stream over {len(self.dims)} dims has d = {len(self.dims)}")
+        elif self.mean is not None or self.detail is not None:
+            raise ValueError("'mean'/'detail' belong to haar streams")
         elif self.mechanism is None:
             raise ValueError(f"a {self.kind} stream needs a 'mechanism'")
+        if self.kind == "longitudinal":
+            if self.mechanism not in LONGITUDINAL_PROTOCOLS:
+                raise ValueError(f"longitudinal mechanisms: {', '.join(LONGITUDINAL_PROTOCOLS)}")
+            if len(self.dims) != 1:
+                raise ValueError("a longitudinal stream has exactly one (categorical) dimension")
+            if "epsilon_inf" not in self.params or "k" not in self.params:
+                raise ValueError("a longitudinal stream states epsilon_inf, epsilon_1 and k")
         if self.kind in ("numeric", "vector", "haar"):
             if self.bounds is None or len(self.bounds) != len(self.dims):
                 raise ValueError("numeric streams need one [lo, hi] bound per dimension")
             for lo, hi in self.bounds:
                 if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
                     raise ValueError(f"bounds must be finite with lo < hi, got [{lo}, {hi}]")
+        elif self.bounds is not None:
+            raise ValueError(f"a {self.kind} stream has no bounds")
         if self.kind == "numeric" and len(self.dims) != 1:
             raise ValueError("a numeric stream has exactly one dimension (use 'vector' or 'haar')")
         if self.kind == "frequency" and len(self.dims) != 1:
             raise ValueError("a frequency stream has exactly one dimension")
         if self.rounding is not None:
+            if self.kind not in ("numeric", "vector", "haar"):
+                raise ValueError("rounding applies to numeric dimensions only")
             if len(self.rounding) != len(self.dims):
                 raise ValueError("rounding needs one step (or null) per dimension")
             if any(s is not None and not (math.isfinite(s) and s > 0) for s in self.rounding):
@@ -166,11 +250,24 @@ class StreamSpec(_Model):
 
     @property
     def epsilon(self) -> float:
-        """ε one report of this stream spends (sequential composition of mean and detail for Haar)."""
-        if self.kind == "haar":
-            assert self.mean is not None and self.detail is not None
-            return self.mean.epsilon + self.detail.epsilon
-        return float(self.params.get("epsilon", 0.0))
+        """ε one report of this stream spends at most (ε∞ — a new memo slot — for longitudinal streams)."""
+        key = "epsilon_inf" if self.kind == "longitudinal" else "epsilon"
+        return float(self.params.get(key, 0.0))
+
+    def build(self) -> Any:
+        """The mechanism object both sides use: ``protocols.registry.build(mechanism, **params)`` (HaarRecord for
+        haar streams), or the :mod:`protocols.longitudinal` protocol for longitudinal streams. ValueError on bad
+        parameters."""
+        if self.kind == "longitudinal":
+            from protocols.longitudinal import protocol_from_params
+
+            try:
+                return protocol_from_params(LONGITUDINAL_PROTOCOLS[str(self.mechanism)], dict(self.params))
+            except TypeError as exc:
+                raise ValueError(f"bad parameters for {self.mechanism!r}: {exc}") from None
+        from protocols import registry
+
+        return registry.build(self.wire_mechanism, **self.params)
 
     def lo_hi(self) -> tuple[np.ndarray, np.ndarray]:
         if self.bounds is None:
@@ -235,9 +332,11 @@ def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
     row = body[BODY_KEY]
     if spec.kind == "haar":
         if not isinstance(row, dict) or set(row) != {"mean", "detail"}:
-            raise ValueError("a haar report is {'mean': row, 'detail': row}")
-        _check_row(row["mean"], None)
-        _check_row(row["detail"], None)
+            raise ValueError("a haar report is {'mean': y, 'detail': [z...]}")
+        _check_row(row["mean"], 1)
+        _check_row(row["detail"], _padded(len(spec.dims)) - 1)
+        if not isinstance(row["detail"], list):
+            raise ValueError("a haar report's detail is a list")
     elif spec.kind == "numeric":
         _check_row(row, None)
     elif spec.kind == "vector":

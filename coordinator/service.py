@@ -51,6 +51,7 @@ class CoordinatorConfig:
     mqtt_username: str | None = None
     mqtt_password: str | None = None
     mqtt_tls_ca: str | None = None
+    mqtt_protocol: str = "5"  # "5", "3.1.1" (e.g. amqtt) or "auto"
 
 
 def load_or_create_key(path: str | Path | None) -> Ed25519PrivateKey:
@@ -106,7 +107,8 @@ class Coordinator:
                 IngestSettings(host=self.config.mqtt_host, port=self.config.mqtt_port, client_id=self.config.client_id,
                                shared_group=self.config.shared_group, batch_size=self.config.batch_size,
                                batch_ms=self.config.batch_ms, username=self.config.mqtt_username,
-                               password=self.config.mqtt_password, tls_ca=self.config.mqtt_tls_ca),
+                               password=self.config.mqtt_password, tls_ca=self.config.mqtt_tls_ca,
+                               protocol=self.config.mqtt_protocol),
                 self.store, self.validator, self.metrics)
         self.rounds = RoundManager(self.store, self.key, publish=self._publish if self.ingest else None,
                                    on_change=self.validator.set_round)

@@ -250,6 +250,7 @@ class Agent:
                 make_body=p.make_body,
                 make_payload=self._payload(p, round_id),
                 memoize=p.memoize,
+                refresh=p.refresh,
             )
             for p in prepared_list
         ]
@@ -326,35 +327,35 @@ class Agent:
                      extra={"event": "round_clamped", "round_id": rc.round_id, "epsilon": epsilon,
                             "max_round_epsilon": max_eps})
             epsilon = max_eps
-        streams = rc.params.get("streams")
-        plans: dict[str, Any] = {}
-        if isinstance(streams, dict):  # coordinator StreamSpecs: {name: {"mechanism", "params", ...}}
-            specs, streams = streams, list(streams)
-            for name, spec in specs.items():
-                if name not in self.pipeline.streams or not isinstance(spec, dict) or "mechanism" not in spec:  # type: ignore[union-attr]
-                    continue
-                try:
-                    plans[name] = self.pipeline.round_plan(name, spec["mechanism"], spec.get("params") or {})  # type: ignore[union-attr]
-                except (ValueError, TypeError) as exc:
-                    streams.remove(name)
-                    self._count("rounds.stream_refused")
-                    log.warning("round stream refused", extra={"event": "round_stream_refused",
-                                                               "round_id": rc.round_id, "stream": name,
-                                                               "reason": str(exc)})
-        if streams is not None:
-            if not isinstance(streams, list) or not all(isinstance(s, str) for s in streams):
-                state.record_round(rc.round_id, "refused", "params.streams must be a list of names")
-                self._count("rounds.malformed")
-                return None
-            unknown = sorted(set(streams) - set(self.pipeline.streams))  # type: ignore[union-attr]
-            if unknown:
-                log.info("round asks for streams this device does not have",
-                         extra={"event": "round_unknown_streams", "round_id": rc.round_id, "streams": unknown})
+        try:
+            answer = self.pipeline.round_plans(rc.params)  # type: ignore[union-attr]
+        except ValueError as exc:
+            state.record_round(rc.round_id, "refused", str(exc))
+            self._count("rounds.malformed")
+            return None
+        for name, reason in answer.refused:
+            self._count("rounds.stream_refused")
+            self._count(f"rounds.stream_refused.{reason}")
+            log.warning("round stream refused", extra={"event": "round_stream_refused", "round_id": rc.round_id,
+                                                       "stream": name, "reason": reason})
+        if answer.unknown:
+            log.info("round asks for streams this device does not have",
+                     extra={"event": "round_unknown_streams", "round_id": rc.round_id, "streams": answer.unknown})
         # recorded before answering: a crash mid-round never answers the same round twice
         state.record_round(rc.round_id, "answered")
-        outcome = self.report(rc.round_id, streams=streams, round_cap=epsilon, plans=plans)
+        outcome = self.report(rc.round_id, streams=answer.streams, round_cap=epsilon, plans=answer.plans)
+        outcome.refused.extend((name, f"spec_{reason}") for name, reason in answer.refused)
         self._count("rounds.answered")
         return outcome
+
+    def stream_specs(self) -> dict[str, dict[str, Any]]:
+        """``{stream: StreamSpec}`` (JSON-ready, :mod:`coordinator.schemas`) a round must send for this device to
+        answer every stream as configured — build rounds from this (the device refuses other bounds)."""
+        if self.pipeline is not None:
+            return self.pipeline.stream_specs()
+        from .pipeline import stream_specs
+
+        return stream_specs(self.config)
 
     # --- the loop -----------------------------------------------------------------------------------------
 

@@ -14,19 +14,38 @@ For one reading (a mapping field → value) :meth:`Pipeline.observe` returns a :
 5. **Normalise** to ``t = 2(x − lo)/(hi − lo) − 1 ∈ [−1, 1]``.
 
 :meth:`Pipeline.prepare` then turns a record into one :class:`PreparedReport` per stream. A stream is one dimension
-or a *group* of numeric dimensions privatized together by one vector mechanism (``ksampling``, ``duchi_md``, later
-``haar``). The memo key is ``HMAC-SHA256(hmac_secret, canonical_json([stream, spec, canonical rounded values]))``
-in hex, where ``spec`` is the canonical JSON of the mechanism name and parameters (so changing ε or the mechanism
-starts a new memo) and a rounded value's canonical form is its integer grid index and step exponent. Only memo keys
-and noisy report bodies are stored — never raw readings.
+or a *group* of numeric dimensions privatized together by one vector mechanism (``ksampling``, ``duchi_md``, or
+``haar`` — :class:`protocols.pipeline.HaarRecord`, the memoized pipeline's record mechanism). The memo key is
+``HMAC-SHA256(hmac_secret, canonical_json([stream, spec, canonical rounded values]))`` in hex, where ``spec`` is the
+canonical JSON of the mechanism name and parameters (so changing ε or the mechanism starts a new memo) and a
+rounded value's canonical form is its integer grid index and step. Only memo keys and noisy report bodies are
+stored — never raw readings.
 
-Mechanism policy ``auto`` (:func:`choose_mechanism`) picks the candidate with the smallest worst-case per-user
-variance: categorical → GRR vs OUE (``variance(0)``); one numeric dimension → HM, PM, Duchi; a numeric group →
-k-sampling, Duchi multi-dimensional and (when registered) Haar, compared per coordinate.
+**Longitudinal streams** (``epsilon_1``/``epsilon_inf`` with mechanism ``lgrr`` or ``loloha``, one categorical
+dimension) run the :mod:`protocols.longitudinal` client: the memo key is the *protocol's* memo key of the value's
+memo slot (the value; LOLOHA's hashed value), keyed by the device HMAC secret; the permanent randomized response is
+derived from the same secret (stateless PRR, RAPPOR's pattern), a new key is charged ε∞ and every report — memo hit
+or not — is a *fresh* instantaneous randomized response (ε1 per report). LOLOHA's hash seed is derived from the
+secret (``HMAC(secret, "haarvest-loloha-seed" ‖ stream)``), so it is fixed for the device's life.
+
+**Mechanism policy** ``auto`` delegates to :func:`protocols.pipeline.choose_mechanism` (the one chooser of the
+project: lowest analytic variance, exact variance models): categorical → GRR / OUE / OLH; a numeric stream of d
+dimensions → HM k-sampling, Duchi multi-dim or the Haar record mechanism for the stream's query (``params = {"query":
+"mean" | "range" | "dyadic" | "total"}``, default ``mean``). For d = 1 the k-sampling winner is HM itself and is
+reported as ``hybrid``.
+
+**Round specs** (the coordinator's :class:`coordinator.schemas.StreamSpec`, the single contract): a device answers
+a stream of a round with the round's mechanism only if the spec's kind fits the stream, its ``dims`` are the
+stream's dimensions in order, its ``bounds`` equal the device's declared bounds (a device never adopts other
+bounds — :class:`SpecMismatch` ``bounds``), and it spends at most the device's ε (ε∞ and ε1 for longitudinal
+streams). A spec's ``rounding`` steps (public, planned from earlier aggregates) replace the device's own epoch
+steps for that report: ``y = lo + ⌊(x − lo)/step + u⌋·step`` with the device's life-long offset u; ``null`` = the
+exact value. :func:`stream_specs` gives the specs a device accepts as configured.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import inspect
@@ -38,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.schemas import LONGITUDINAL_PROTOCOLS, StreamSpec
 from protocols import registry, wire
 from protocols.base import os_rng
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
@@ -53,15 +73,27 @@ __all__ = [
     "choose_mechanism",
     "build_stream_plan",
     "memo_key",
+    "stream_specs",
+    "RoundPlans",
+    "SpecMismatch",
     "AUTO_CANDIDATES",
 ]
 
-#: candidates of the ``auto`` policy, by stream shape
+#: what the ``auto`` policy can pick (:func:`protocols.pipeline.choose_mechanism` compares them), by stream shape
 AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
-    "categorical": ("grr", "oue"),
-    "scalar": ("hybrid", "piecewise", "duchi"),
+    "categorical": ("grr", "oue", "olh"),
+    "scalar": ("hybrid", "duchi_md", "haar"),
     "vector": ("ksampling", "duchi_md", "haar"),
 }
+
+
+class SpecMismatch(ValueError):
+    """A round's stream spec this device will not follow. ``reason``: malformed | kind | dims | bounds | epsilon |
+    shape | mechanism | rounding | unsupported."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
 
 
 class InvalidRecord(ValueError):
@@ -82,6 +114,7 @@ class Record:
     canonical: dict[str, list[Any]]
     clipped: tuple[str, ...] = ()
     rounded: tuple[str, ...] = ()
+    exact: dict[str, float] = field(default_factory=dict, repr=False)  # clipped, unrounded (RAM only)
 
 
 @dataclass(frozen=True)
@@ -96,6 +129,8 @@ class StreamPlan:
     mechanism: Any
     epsilon: float
     cap: float
+    rounding: tuple[float | None, ...] | None = None
+    epsilon_1: float | None = None
 
     @property
     def name(self) -> str:
@@ -103,9 +138,39 @@ class StreamPlan:
 
     @property
     def kind(self) -> str:
+        """The stream's shape: ``categorical``, ``scalar`` (one numeric dimension) or ``vector``."""
         if self.dimensions[0].kind == "categorical":
             return "categorical"
         return "vector" if len(self.dimensions) > 1 else "scalar"
+
+    @property
+    def longitudinal(self) -> bool:
+        return self.mechanism_name in LONGITUDINAL_PROTOCOLS
+
+    @property
+    def spec_kind(self) -> str:
+        """The coordinator's :class:`~coordinator.schemas.StreamSpec` kind of this plan."""
+        if self.longitudinal:
+            return "longitudinal"
+        if self.kind == "categorical":
+            return "frequency"
+        if self.mechanism_name == "haar":
+            return "haar"
+        return "numeric" if self.kind == "scalar" and getattr(self.mechanism, "d", 1) == 1 else "vector"
+
+    def stream_spec(self) -> dict[str, Any]:
+        """This plan as the coordinator's StreamSpec (JSON-ready): what a round must send for the device to answer
+        the stream exactly as configured."""
+        out: dict[str, Any] = {"kind": self.spec_kind, "mechanism": self.mechanism_name, "params": dict(self.params),
+                               "dims": [d.name for d in self.dimensions]}
+        if self.kind == "categorical":
+            if self.dimensions[0].categories is not None:
+                out["labels"] = list(self.dimensions[0].categories)
+        else:
+            out["bounds"] = [[float(d.lo), float(d.hi)] for d in self.dimensions]  # type: ignore[arg-type]
+        if self.rounding is not None:
+            out["rounding"] = list(self.rounding)
+        return StreamSpec.model_validate(out).model_dump(mode="json", exclude_none=True)
 
 
 @dataclass(frozen=True)
@@ -120,6 +185,7 @@ class PreparedReport:
     cap: float
     memoize: bool
     make_body: Callable[[], dict[str, Any]] = field(repr=False)
+    refresh: bool = False
 
 
 def memo_key(secret: bytes, stream: str, spec: str, canonical_values: list[Any]) -> str:
@@ -134,15 +200,7 @@ def memo_key(secret: bytes, stream: str, spec: str, canonical_values: list[Any])
 def _constructor_params(name: str, stream: StreamConfig, dims: tuple[DimensionConfig, ...], epsilon: float) -> dict[str, Any]:
     cls = registry.mechanism_class(name)
     accepted = inspect.signature(cls.__init__).parameters
-    params: dict[str, Any] = {}
-    if stream.longitudinal:
-        for key in ("epsilon_1", "epsilon_inf"):
-            if key in accepted:
-                params[key] = getattr(stream, key)
-        if "epsilon" in accepted and "epsilon_inf" not in accepted:
-            params["epsilon"] = epsilon
-    else:
-        params["epsilon"] = epsilon
+    params: dict[str, Any] = {"epsilon": epsilon}
     if dims[0].kind == "categorical":
         if "k" in accepted:
             params["k"] = dims[0].domain_size
@@ -152,20 +210,61 @@ def _constructor_params(name: str, stream: StreamConfig, dims: tuple[DimensionCo
     return params
 
 
-def _worst_variance(mech: Any, kind: str) -> float:
-    if kind == "categorical":
-        return float(np.max(mech.variance(0.0)))
-    wcv = getattr(mech, "worst_case_variance", None)
-    if callable(wcv):
-        return float(wcv())
-    return float(np.max(mech.variance(np.linspace(-1.0, 1.0, 201))))
+def _resolved(name: str, params: dict[str, Any], mech: Any) -> dict[str, Any]:
+    """Constructor parameters with every automatic choice resolved (HaarRecord: mean mechanism and split), so the
+    coordinator rebuilds exactly the device's mechanism from the stream spec."""
+    if name == "haar":
+        return {"epsilon": float(mech.epsilon), "d": int(mech.d), "mean_mechanism": mech.mean_mechanism,
+                "detail_mechanism": mech.detail_mechanism, "split": float(mech.split)}
+    return params
+
+
+@functools.lru_cache(maxsize=256)
+def _auto_choice(epsilon: float, d: int, query: str, k: int | None) -> tuple[str, str, Any]:
+    """``protocols.pipeline.choose_mechanism`` (cached: it is analytic, and agents of a fleet share the answer)."""
+    from protocols.pipeline import choose_mechanism as choose
+
+    ch = choose(epsilon, d, query, k)
+    if ch.name == "ksampling" and d == 1:  # k-sampling of one coordinate is its base mechanism itself
+        base = str(ch.params.get("base", "hybrid"))
+        params: dict[str, Any] = {"epsilon": float(epsilon)}
+        return base, wire.canonical_json(params).decode(), registry.build(base, **params)
+    return ch.name, wire.canonical_json(ch.params).decode(), ch.mechanism
+
+
+def _longitudinal_protocol(stream: StreamConfig, dims: tuple[DimensionConfig, ...]) -> tuple[str, dict[str, Any], Any]:
+    from protocols.longitudinal import protocol_from_params
+
+    name = stream.mechanism
+    if name not in LONGITUDINAL_PROTOCOLS:
+        raise ConfigError(
+            f"stream {stream.name!r}: longitudinal streams need an explicit mechanism name, one of "
+            f"{', '.join(LONGITUDINAL_PROTOCOLS)} (got {name!r})"
+        )
+    if dims[0].kind != "categorical" or len(dims) != 1:
+        raise ConfigError(f"stream {stream.name!r}: a longitudinal stream has one categorical dimension")
+    params = {"epsilon_inf": stream.epsilon_inf, "epsilon_1": stream.epsilon_1, "k": dims[0].domain_size,
+              **stream.params}
+    try:
+        proto = protocol_from_params(LONGITUDINAL_PROTOCOLS[name], params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"stream {stream.name!r}: mechanism {name!r}: bad parameters: {exc}") from None
+    return name, proto.params(), proto
 
 
 def choose_mechanism(
     stream: StreamConfig, dims: tuple[DimensionConfig, ...], epsilon: float
 ) -> tuple[str, dict[str, Any], Any]:
-    """Resolve ``stream.mechanism`` to ``(name, constructor params, mechanism)``; ``auto`` = lowest variance."""
+    """Resolve ``stream.mechanism`` to ``(name, constructor params, mechanism)``.
+
+    ``auto`` delegates to :func:`protocols.pipeline.choose_mechanism`; longitudinal streams build their
+    :mod:`protocols.longitudinal` protocol (the ``mechanism`` is then the protocol object).
+    """
     kind = "categorical" if dims[0].kind == "categorical" else ("vector" if len(dims) > 1 else "scalar")
+    if stream.longitudinal:
+        return _longitudinal_protocol(stream, dims)
+    if stream.mechanism in LONGITUDINAL_PROTOCOLS:
+        raise ConfigError(f"stream {stream.name!r}: mechanism {stream.mechanism!r} needs epsilon_1 and epsilon_inf")
     if stream.mechanism != "auto":
         name = stream.mechanism
         try:
@@ -175,26 +274,21 @@ def choose_mechanism(
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r}: {exc}") from None
         if kind == "vector" and getattr(mech, "d", len(dims)) != len(dims):
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} does not take {len(dims)}-vectors")
-        return name, params, mech
-    if stream.longitudinal:
-        raise ConfigError(f"stream {stream.name!r}: longitudinal streams need an explicit mechanism name")
-    best: tuple[float, str, dict[str, Any], Any] | None = None
-    errors = []
-    for name in AUTO_CANDIDATES[kind]:
-        if name not in registry.MECHANISMS:
-            continue
-        try:
-            params = _constructor_params(name, stream, dims, epsilon)
-            mech = registry.build(name, **params)
-            var = _worst_variance(mech, kind)
-        except Exception as exc:  # noqa: BLE001 - an unavailable candidate is skipped
-            errors.append(f"{name}: {exc}")
-            continue
-        if best is None or var < best[0]:
-            best = (var, name, params, mech)
-    if best is None:
-        raise ConfigError(f"stream {stream.name!r}: no mechanism available for auto ({'; '.join(errors)})")
-    return best[1], best[2], best[3]
+        if kind == "categorical" and not hasattr(mech, "k"):
+            raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} is not a frequency oracle")
+        return name, _resolved(name, params, mech), mech
+    extra = set(stream.params) - {"query"}
+    if extra:
+        raise ConfigError(f"stream {stream.name!r}: mechanism 'auto' takes only params.query, got {sorted(extra)}")
+    query = stream.params.get("query", "frequency" if kind == "categorical" else "mean")
+    k = dims[0].domain_size if kind == "categorical" else None
+    try:
+        name, params_json, mech = _auto_choice(float(epsilon), len(dims), str(query), k)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"stream {stream.name!r}: auto: {exc}") from None
+    import json
+
+    return name, json.loads(params_json), mech
 
 
 def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
@@ -211,7 +305,91 @@ def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
         mechanism=mech,
         epsilon=epsilon,
         cap=cfg.stream_cap(stream),
+        epsilon_1=float(stream.epsilon_1) if stream.longitudinal else None,  # type: ignore[arg-type]
     )
+
+
+def stream_specs(cfg: AgentConfig) -> dict[str, dict[str, Any]]:
+    """``{stream: StreamSpec}`` (JSON-ready) for every configured stream — what a coordinator's round must ask for
+    this device to answer with its configured mechanisms; the single source for building rounds."""
+    return {s.name: build_stream_plan(cfg, s).stream_spec() for s in cfg.effective_streams()}
+
+
+_BOUNDS_RTOL = 1e-9
+
+
+def _same_bound(a: float, b: float) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=_BOUNDS_RTOL, abs_tol=1e-12)
+
+
+def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
+    """The plan for stream ``base`` following a round's :class:`StreamSpec`, or :class:`SpecMismatch` (see the
+    module docstring: kind, dims, bounds, ε, shape and rounding are checked; the device's caps still apply)."""
+    name = base.name
+    expected = {"categorical": ("longitudinal",) if base.longitudinal else ("frequency",),
+                "scalar": ("numeric", "vector", "haar"), "vector": ("vector", "haar")}[base.kind]
+    if spec.kind not in expected:
+        raise SpecMismatch("kind", f"stream {name!r} is {base.kind}; the round asks for a {spec.kind} stream")
+    dims = [d.name for d in base.dimensions]
+    if list(spec.dims) != dims:
+        raise SpecMismatch("dims", f"stream {name!r} has dims {dims}, the round names {list(spec.dims)}")
+    if spec.bounds is not None:
+        for (lo, hi), d in zip(spec.bounds, base.dimensions):
+            if not (_same_bound(lo, d.lo) and _same_bound(hi, d.hi)):  # type: ignore[arg-type]
+                raise SpecMismatch("bounds", f"stream {name!r}: dimension {d.name!r} is declared on "
+                                             f"[{d.lo}, {d.hi}], the round asks for [{lo}, {hi}]")
+    if spec.heavy_hitters is not None:
+        raise SpecMismatch("unsupported", "devices do not answer heavy-hitter prefix rounds yet")
+    tol = 1e-12
+    if spec.epsilon > base.epsilon * (1 + tol):
+        raise SpecMismatch("epsilon", f"stream {name!r}: the round asks for ε={spec.epsilon:g}, "
+                                      f"the device allows at most {base.epsilon:g}")
+    if spec.kind == "longitudinal":
+        eps1 = float(spec.params.get("epsilon_1", math.inf))
+        if base.epsilon_1 is None or eps1 > base.epsilon_1 * (1 + tol):
+            raise SpecMismatch("epsilon", f"stream {name!r}: the round asks for ε1={eps1:g}, "
+                                          f"the device allows at most {base.epsilon_1}")
+    rounding: tuple[float | None, ...] | None = None
+    if spec.rounding is not None:
+        if base.kind == "categorical":
+            raise SpecMismatch("rounding", f"stream {name!r} is categorical")
+        for step, d in zip(spec.rounding, base.dimensions):
+            if step is not None and step > float(d.hi) - float(d.lo) + 1e-12:  # type: ignore[arg-type]
+                raise SpecMismatch("rounding", f"stream {name!r}: step {step} exceeds the range of {d.name!r}")
+        rounding = tuple(None if s is None else float(s) for s in spec.rounding)
+    mech_name = spec.wire_mechanism
+    params = dict(spec.params)
+    if mech_name == base.mechanism_name and params == base.params:
+        return replace(base, rounding=rounding) if rounding is not None else base
+    try:
+        mech = spec.build()
+    except (ValueError, ImportError, AttributeError, TypeError) as exc:
+        raise SpecMismatch("mechanism", f"stream {name!r}: {exc}") from None
+    if base.kind == "categorical":
+        if getattr(mech, "k", None) != base.dimensions[0].domain_size:
+            raise SpecMismatch("shape", f"stream {name!r}: the round's k does not match the domain size")
+    elif spec.kind == "numeric":
+        if getattr(mech, "d", 1) != 1 or not hasattr(mech, "variance"):
+            raise SpecMismatch("shape", f"stream {name!r}: the round asks for a vector mechanism for one dimension")
+    elif getattr(mech, "d", None) != len(base.dimensions):
+        raise SpecMismatch("shape", f"stream {name!r}: the round's d does not match the stream's dimensions")
+    if spec.kind == "longitudinal":
+        params = mech.params()
+    spec_json = wire.canonical_json({"mechanism": mech_name, "params": params}).decode()
+    return replace(base, mechanism_name=mech_name, params=params, spec=spec_json, mechanism=mech,
+                   epsilon=float(spec.epsilon), rounding=rounding,
+                   epsilon_1=float(params["epsilon_1"]) if spec.kind == "longitudinal" else None)
+
+
+@dataclass
+class RoundPlans:
+    """How a device answers one round: ``streams`` to report (None = all), ``plans`` replacing the configured
+    plans of some streams, ``refused`` streams as ``(stream, reason)`` and ``unknown`` stream names."""
+
+    streams: list[str] | None
+    plans: dict[str, StreamPlan] = field(default_factory=dict)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
 
 
 # --- per-dimension rounding ---------------------------------------------------------------------------------
@@ -265,6 +443,22 @@ class _DimRounding:
             return float(y), ["g", int(plan.exponents[0]), gi], True
         return x, ["x", float(x)], False
 
+    def round_with(self, x: float, step: float) -> tuple[float, list[Any]]:
+        """α-round x (clipped) with a step a round asks for, using the life-long offset u.
+
+        Canonical form ``["g", m, i]`` when the step is the device's nested grid step ``(hi−lo)/K_base·2^m`` (so it
+        shares memo entries with the device's own plans), else ``["s", step, i]``.
+        """
+        rounder = self.rounder
+        assert rounder is not None
+        gi = int(rounder.grid_index([x], [step])[0])
+        y = float(min(rounder.lo[0] + gi * step, rounder.hi[0]))
+        base = (float(rounder.hi[0]) - float(rounder.lo[0])) / self.epochs.k_base
+        m = round(math.log2(step / base)) if step >= base * (1 - 1e-9) else -1
+        if m >= 0 and math.isclose(base * 2.0**m, step, rel_tol=1e-9):
+            return y, ["g", int(m), gi]
+        return y, ["s", float(step), gi]
+
     def to_state(self) -> dict[str, Any]:
         return {"rounder": self.rounder.to_state(), "epochs": self.epochs.to_state(), "index": self.index}  # type: ignore[union-attr]
 
@@ -306,6 +500,7 @@ class Pipeline:
         }
         self.clipped_total: dict[str, int] = {d.name: 0 for d in self.dimensions if d.kind == "numeric"}
         self._round_plans: dict[tuple[str, str], StreamPlan] = {}
+        self._clients: dict[tuple[str, str], Any] = {}
 
     # --- observe ------------------------------------------------------------------------------------------
 
@@ -348,6 +543,7 @@ class Pipeline:
         values: dict[str, float | int] = {}
         normalised: dict[str, float] = {}
         canonical: dict[str, list[Any]] = {}
+        exact: dict[str, float] = {}
         clipped: list[str] = []
         rounded: list[str] = []
         for d in self.dimensions:
@@ -361,6 +557,7 @@ class Pipeline:
             if x != v:
                 clipped.append(d.name)
                 self.clipped_total[d.name] += 1
+            exact[d.name] = x
             rnd = self._rounding.get(d.name)
             if rnd is not None:
                 x, canon, was_rounded = rnd.observe(x)
@@ -371,15 +568,37 @@ class Pipeline:
             values[d.name] = x
             canonical[d.name] = canon
             normalised[d.name] = min(1.0, max(-1.0, 2.0 * (x - lo) / (hi - lo) - 1.0))
-        return Record(values, normalised, canonical, tuple(clipped), tuple(rounded))
+        return Record(values, normalised, canonical, tuple(clipped), tuple(rounded), exact)
 
     # --- prepare ------------------------------------------------------------------------------------------
 
-    def _mechanism_input(self, plan: StreamPlan, record: Record) -> np.ndarray:
+    def _view(self, plan: StreamPlan, record: Record) -> tuple[list[Any], list[float]]:
+        """(canonical memo-key forms, normalised values) of the plan's dimensions — with the round's rounding
+        steps when the plan has them (see :meth:`_DimRounding.round_with`)."""
+        canon = [record.canonical[d.name] for d in plan.dimensions]
+        if plan.kind == "categorical":
+            return canon, []
+        t = [record.normalised[d.name] for d in plan.dimensions]
+        if plan.rounding is None:
+            return canon, t
+        for j, (d, step) in enumerate(zip(plan.dimensions, plan.rounding)):
+            x = record.exact.get(d.name)
+            if x is None:
+                continue
+            rnd = self._rounding.get(d.name)
+            if step is None or rnd is None:  # the round asks for the exact value (or the dimension never rounds)
+                y, canon[j] = x, ["x", x]
+            else:
+                y, canon[j] = rnd.round_with(x, step)
+            lo, hi = float(d.lo), float(d.hi)  # type: ignore[arg-type]
+            t[j] = min(1.0, max(-1.0, 2.0 * (y - lo) / (hi - lo) - 1.0))
+        return canon, t
+
+    def _mechanism_input(self, plan: StreamPlan, record: Record, t: list[float]) -> np.ndarray:
         if plan.kind == "categorical":
             return np.asarray([record.values[plan.dimensions[0].name]], dtype=np.int64)
-        t = [record.normalised[d.name] for d in plan.dimensions]
-        return np.asarray([t], dtype=float) if plan.kind == "vector" else np.asarray(t, dtype=float)
+        # vector mechanisms (they have ``d``: k-sampling, Duchi multi-dim, HaarRecord) take one row of d values
+        return np.asarray([t], dtype=float) if hasattr(plan.mechanism, "d") else np.asarray(t, dtype=float)
 
     def _body_maker(self, plan: StreamPlan, x: np.ndarray) -> Callable[[], dict[str, Any]]:
         def make_body() -> dict[str, Any]:
@@ -394,56 +613,125 @@ class Pipeline:
 
         return make_body
 
-    def round_plan(self, name: str, mechanism: str, params: Mapping[str, Any]) -> StreamPlan:
-        """The plan for stream ``name`` with the mechanism a round asks for (the coordinator's StreamSpec).
+    def _client(self, plan: StreamPlan) -> Any:
+        """The :mod:`protocols.longitudinal` client of a longitudinal plan (cached; stateless PRR keyed by the
+        device secret, fresh IRR randomness from the OS; LOLOHA's hash seed derived from the secret)."""
+        key = (plan.name, plan.spec)
+        client = self._clients.get(key)
+        if client is None:
+            kwargs: dict[str, Any] = {"secret": self._secret, "stream": plan.name, "memo_style": "stateless",
+                                      "rng": os_rng()}
+            if "seed" in inspect.signature(plan.mechanism.client).parameters:
+                digest = hmac.new(self._secret, b"haarvest-loloha-seed\n" + plan.name.encode(), hashlib.sha256).digest()
+                kwargs["seed"] = int.from_bytes(digest[:8], "big") >> 2  # in [0, 2^62)
+            client = plan.mechanism.client(**kwargs)
+            self._clients[key] = client
+        return client
 
-        Accepted only if it spends at most the device's configured ε for the stream and fits the stream's shape
-        (``d`` = number of dimensions, ``k`` = domain size); ValueError otherwise. The device's bounds, rounding
-        and caps still apply; the memo key includes the round's spec, so it gets its own memo entries.
-        """
+    def _longitudinal_report(self, plan: StreamPlan, record: Record) -> tuple[str, Callable[[], dict[str, Any]]]:
+        """(protocol memo key, body maker): each call of the maker is a fresh IRR of the slot's memoized PRR."""
+        client = self._client(plan)
+        value = int(record.values[plan.dimensions[0].name])
+        first = client.report(value)
+        pending = [first]
+
+        def make_body() -> dict[str, Any]:
+            rep = pending.pop() if pending else client.report(value)
+            return {"report": registry.row_to_json(np.asarray(rep.report))}
+
+        return str(first.memo_key), make_body
+
+    def round_plan(self, name: str, mechanism: str, params: Mapping[str, Any]) -> StreamPlan:
+        """Compatibility shim: the plan for stream ``name`` with a round's ``mechanism``/``params`` and the stream's
+        own dims and bounds (see :meth:`plan_for` for the full StreamSpec check). ValueError if refused."""
         base = self.streams[name]
-        params = dict(params)
-        if mechanism == base.mechanism_name and params == base.params:
-            return base
-        cache_key = (name, wire.canonical_json({"mechanism": mechanism, "params": params}).decode())
-        cached = self._round_plans.get(cache_key)
-        if cached is not None:
-            return cached
-        eps = params.get("epsilon")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < float(eps) <= base.epsilon:
-            raise ValueError(f"stream {name!r}: the round asks for ε={eps!r}, the device allows at most {base.epsilon}")
-        mech = registry.build(mechanism, **params)
-        if base.kind == "categorical" and getattr(mech, "k", None) != base.dimensions[0].domain_size:
-            raise ValueError(f"stream {name!r}: the round's k does not match the domain size")
-        if base.kind == "vector" and getattr(mech, "d", None) != len(base.dimensions):
-            raise ValueError(f"stream {name!r}: the round's d does not match the stream's dimensions")
-        if base.kind == "scalar" and getattr(mech, "d", 1) != 1:
-            raise ValueError(f"stream {name!r}: the round asks for a vector mechanism for one dimension")
-        plan = replace(base, mechanism_name=mechanism, params=params, spec=cache_key[1], mechanism=mech,
-                       epsilon=float(eps))
-        self._round_plans[cache_key] = plan
+        data: dict[str, Any] = {k: v for k, v in base.stream_spec().items() if k not in ("mechanism", "params")}
+        data.update(mechanism=mechanism, params=dict(params))
+        if mechanism == "haar":
+            data["kind"] = "haar"
+        elif data["kind"] == "haar":
+            data["kind"] = "vector" if len(base.dimensions) > 1 else "numeric"
+        try:
+            spec = StreamSpec.model_validate(data)
+        except ValueError as exc:
+            raise SpecMismatch("malformed", str(exc)) from None
+        return self.plan_for(name, spec)
+
+    def plan_for(self, name: str, spec: StreamSpec | Mapping[str, Any]) -> StreamPlan:
+        """The plan for stream ``name`` following a round's StreamSpec (:func:`plan_for_spec`; cached)."""
+        if not isinstance(spec, StreamSpec):
+            try:
+                spec = StreamSpec.model_validate(dict(spec))
+            except (ValueError, TypeError) as exc:
+                raise SpecMismatch("malformed", str(exc).splitlines()[0]) from None
+        cache_key = (name, wire.canonical_json(spec.model_dump(mode="json", exclude_none=True)).decode())
+        plan = self._round_plans.get(cache_key)
+        if plan is None:
+            plan = plan_for_spec(self.streams[name], spec)
+            if len(self._round_plans) > 256:
+                self._round_plans.clear()
+            self._round_plans[cache_key] = plan
         return plan
+
+    def round_plans(self, params: Mapping[str, Any]) -> RoundPlans:
+        """How to answer a round with ``RoundConfig.params``: ``streams`` absent (every stream, as configured), a
+        list of stream names, or the coordinator's ``{stream: StreamSpec}`` mapping (each spec checked by
+        :meth:`plan_for`; a refused stream is skipped with its reason). ValueError if ``streams`` is malformed."""
+        streams = params.get("streams") if isinstance(params, Mapping) else None
+        if streams is None:
+            return RoundPlans(None)
+        if isinstance(streams, list):
+            if not all(isinstance(s, str) for s in streams):
+                raise ValueError("params.streams must be a list of names or a mapping of stream specs")
+            return RoundPlans([s for s in streams if s in self.streams], unknown=[s for s in streams
+                                                                                  if s not in self.streams])
+        if not isinstance(streams, Mapping):
+            raise ValueError("params.streams must be a list of names or a mapping of stream specs")
+        out = RoundPlans([])
+        for name, spec in streams.items():
+            if name not in self.streams:
+                out.unknown.append(str(name))
+                continue
+            try:
+                out.plans[name] = self.plan_for(name, spec)
+            except SpecMismatch as exc:
+                out.refused.append((name, exc.reason))
+                continue
+            out.streams.append(name)  # type: ignore[union-attr]
+        return out
+
+    def stream_specs(self) -> dict[str, dict[str, Any]]:
+        """``{stream: StreamSpec}`` (JSON-ready) a round must send to get this device's configured reports."""
+        return {name: plan.stream_spec() for name, plan in self.streams.items()}
 
     def prepare(
         self, record: Record, streams: list[str] | None = None, plans: Mapping[str, StreamPlan] | None = None
     ) -> list[PreparedReport]:
         """One :class:`PreparedReport` per stream (all streams, or the named ones in configuration order);
-        ``plans`` replaces the configured plan of some streams for this round (see :meth:`round_plan`)."""
+        ``plans`` replaces the configured plan of some streams for this round (see :meth:`round_plans`)."""
         names = list(self.streams) if streams is None else [s for s in self.streams if s in set(streams)]
         out = []
         for name in names:
             plan = (plans or {}).get(name) or self.streams[name]
-            canon = [record.canonical[d.name] for d in plan.dimensions]
+            if plan.longitudinal:
+                key, make_body = self._longitudinal_report(plan, record)
+                refresh = True
+            else:
+                canon, t = self._view(plan, record)
+                key = memo_key(self._secret, name, plan.spec, canon)
+                make_body = self._body_maker(plan, self._mechanism_input(plan, record, t))
+                refresh = False
             out.append(
                 PreparedReport(
                     stream=name,
                     mechanism=plan.mechanism_name,
                     spec=plan.spec,
-                    memo_key=memo_key(self._secret, name, plan.spec, canon),
+                    memo_key=key,
                     epsilon=plan.epsilon,
                     cap=plan.cap,
                     memoize=plan.config.memoize,
-                    make_body=self._body_maker(plan, self._mechanism_input(plan, record)),
+                    make_body=make_body,
+                    refresh=refresh,
                 )
             )
         return out

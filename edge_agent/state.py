@@ -123,6 +123,7 @@ class ReportRequest:
     make_payload: Callable[[int, dict[str, Any]], tuple[str, bytes]]
     round_cap: float | None = None
     memoize: bool = True
+    refresh: bool = False  # longitudinal: a memo hit still calls make_body() (a fresh IRR), charging 0
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,8 @@ class State:
         """Charge (or reuse), record and enqueue reports atomically — ONE transaction for the whole batch.
 
         For each request, inside a SAVEPOINT: refuse if the outbox holds ``max_pending`` pending rows; look the
-        memo key up (hit: reuse the stored body, charge 0); on a miss check the caps (stream, total, round),
+        memo key up (hit: reuse the stored body — or, with ``refresh``, a fresh ``make_body()`` such as a
+        longitudinal protocol's new IRR of its memoized PRR — charge 0); on a miss check the caps (stream, total, round),
         call ``make_body()`` (privatize), append the ledger charge and store the memo entry; then
         ``make_payload(seq, body)`` signs the report and the outbox row and ``next_seq`` are written. A refused
         request rolls back to its savepoint (nothing of it remains but the ``refused_<reason>`` counter) and the
@@ -300,7 +302,7 @@ class State:
         row = db.execute("SELECT body FROM memo WHERE key = ?", (req.memo_key,)).fetchone() if req.memoize else None
         seq = int(self._get("next_seq", 0))
         if row is not None:
-            body = json.loads(row[0])
+            body = req.make_body() if req.refresh else json.loads(row[0])
             charged = 0.0
             db.execute("UPDATE memo SET hits = hits + 1, last_used = ? WHERE key = ?", (now, req.memo_key))
         else:

@@ -15,7 +15,8 @@ Delivery contract (at-least-once, in order):
   ``reconnect_max_s`` (paho's exponential backoff).
 * ``protocol = "auto"`` starts with MQTT 5 and switches to 3.1.1 for good when the broker refuses the protocol
   version (CONNACK "unsupported protocol version" / 3.1.1 return code 1, or a closed connection before any
-  CONNACK, twice in a row).
+  CONNACK, twice in a row), or leaves an open TCP connection without any CONNACK for ``CONNACK_TIMEOUT`` seconds
+  (amqtt, a 3.1.1-only broker, neither answers nor closes an MQTT 5 CONNECT that carries properties).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ __all__ = ["MqttTransport"]
 log = logging.getLogger("haarvest.agent.transport")
 
 _UNSUPPORTED_VERSION = {1, 0x84, 132}
+#: seconds an open TCP connection may go without CONNACK before ``auto`` treats it as a refusal of MQTT 5
+CONNACK_TIMEOUT = 5.0
 
 
 class MqttTransport:
@@ -61,6 +64,8 @@ class MqttTransport:
         self.connects = 0
         self.disconnects = 0
         self._version_failures = 0
+        self._connack_seen = False
+        self._started_at = 0.0
         self._status_extra: dict[str, Any] = {}
         self._client: mqtt.Client | None = None
         self._stopping = False
@@ -106,6 +111,8 @@ class MqttTransport:
         """Connect asynchronously and start paho's network thread (returns at once; connection in background)."""
         self._status_extra = dict(status or {})
         self._stopping = False
+        self._connack_seen = False
+        self._started_at = time.monotonic()
         self._client = self._make_client()
         props = None
         kwargs: dict[str, Any] = {}
@@ -155,6 +162,7 @@ class MqttTransport:
 
     def _on_connect(self, client: mqtt.Client, _u: Any, flags: Any, reason: Any, _p: Any) -> None:
         code = getattr(reason, "value", reason)
+        self._connack_seen = True
         if getattr(reason, "is_failure", False) or (isinstance(code, int) and code != 0):
             log.warning("mqtt connect refused", extra={"event": "mqtt_refused", "reason": str(reason)})
             if self.cfg.protocol == "auto" and self.protocol == mqtt.MQTTv5 and code in _UNSUPPORTED_VERSION:
@@ -202,7 +210,12 @@ class MqttTransport:
 
     def maybe_fallback(self) -> bool:
         """Switch to MQTT 3.1.1 after repeated protocol-version failures (agent thread). True if it switched."""
-        if self.cfg.protocol == "auto" and self.protocol == mqtt.MQTTv5 and self._version_failures >= 2:
+        if self.cfg.protocol != "auto" or self.protocol != mqtt.MQTTv5:
+            return False
+        client = self._client
+        silent = (client is not None and not self._connack_seen and client.socket() is not None
+                  and time.monotonic() - self._started_at > CONNACK_TIMEOUT)
+        if self._version_failures >= 2 or silent:
             log.warning("broker refuses MQTT 5; falling back to 3.1.1", extra={"event": "mqtt_fallback"})
             old = self._client
             self._client = None

@@ -31,6 +31,8 @@ MECHANISMS: dict[str, str] = {
     "blh": "protocols.frequency:BLH",
     "olh": "protocols.frequency:OLH",
     "hr": "protocols.frequency:HadamardResponse",
+    # records in [-1, 1]^d: the memoized pipeline's Haar record mechanism (SPEC §2.4)
+    "haar": "protocols.pipeline:HaarRecord",
 }
 
 __all__ = ["MECHANISMS", "register", "mechanism_class", "build", "row_to_json", "rows_from_json"]

@@ -93,9 +93,11 @@ def test_no_coordinator_key_means_no_rounds(tmp_path):
 def test_coordinator_stream_specs_are_followed_within_the_device_budget(tmp_path):
     a = _agent(tmp_path)
     specs = {
-        "cpu": {"kind": "numeric", "mechanism": "piecewise", "params": {"epsilon": 0.5}, "dims": ["cpu"]},
+        "cpu": {"kind": "numeric", "mechanism": "piecewise", "params": {"epsilon": 0.5}, "dims": ["cpu"],
+                "bounds": [[0, 100]]},
         "mode": {"kind": "frequency", "mechanism": "oue", "params": {"epsilon": 1.0, "k": 3}, "dims": ["mode"]},
-        "temp": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 5.0}},  # above the device's ε
+        "temp": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 5.0}, "dims": ["temp"],
+                 "bounds": [[0, 90]]},  # above the device's ε
         "other": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 1.0}},  # not on this device
     }
     out = a.handle_round(_round("spec", eps=2.0, params={"streams": specs}))
@@ -104,7 +106,8 @@ def test_coordinator_stream_specs_are_followed_within_the_device_budget(tmp_path
     assert reps["cpu"].mechanism == "piecewise" and reps["mode"].mechanism == "oue"
     assert len(reps["mode"].body["report"]) == 3
     assert out.charged == 1.5
-    bad = {"mode": {"mechanism": "oue", "params": {"epsilon": 1.0, "k": 4}}}
+    assert ("temp", "spec_epsilon") in out.refused
+    bad = {"mode": {"kind": "frequency", "mechanism": "oue", "params": {"epsilon": 1.0, "k": 4}, "dims": ["mode"]}}
     out2 = a.handle_round(_round("spec2", eps=2.0, params={"streams": bad}))
     assert not out2.commits
     a.close()

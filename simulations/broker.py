@@ -1,0 +1,178 @@
+"""A throwaway MQTT broker on a free loopback port, for demos: mosquitto if installed, else an embedded amqtt.
+
+    broker = start_broker(workdir)           # mosquitto (MQTT 5) or amqtt (MQTT 3.1.1 only)
+    ... broker.host, broker.port, broker.protocol ("5" or "3.1.1") ...
+    broker.stop()
+
+mosquitto runs with an empty, anonymous, loopback-only configuration written to ``workdir``; amqtt (the
+``broker`` extra, ``pip install 'haarvest[broker]'``) runs in a child Python process. Both are stopped (SIGTERM,
+then SIGKILL) by :meth:`Broker.stop`. amqtt speaks MQTT 3.1.1 only, so clients of an amqtt broker must use 3.1.1
+(the coordinator's ``mqtt_protocol="3.1.1"``; the agents' ``protocol = "auto"`` falls back by itself, ``"3.1.1"``
+skips the two failed MQTT 5 attempts).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["Broker", "BrokerUnavailable", "start_broker", "free_port", "wait_port", "mosquitto_path"]
+
+Kind = Literal["auto", "mosquitto", "amqtt"]
+
+
+class BrokerUnavailable(RuntimeError):
+    """Neither mosquitto nor amqtt can be started here."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it back)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1", proc: subprocess.Popen | None = None) -> None:
+    """Wait until something accepts connections on ``host:port`` (TimeoutError; RuntimeError if ``proc`` died)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the broker exited with status {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def mosquitto_path() -> str | None:
+    """The mosquitto executable (PATH, then /usr/sbin where Debian installs it), or None."""
+    exe = shutil.which("mosquitto")
+    if exe:
+        return exe
+    return "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+
+
+@dataclass
+class Broker:
+    """A running broker process. ``protocol`` is the newest MQTT version it speaks ("5" or "3.1.1")."""
+
+    kind: str
+    host: str
+    port: int
+    protocol: str
+    proc: subprocess.Popen
+    workdir: Path
+    log_path: Path
+    _log: object = field(default=None, repr=False)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()  # type: ignore[attr-defined]
+            self._log = None
+
+    def __enter__(self) -> "Broker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _start_mosquitto(exe: str, workdir: Path, host: str, port: int) -> Broker:
+    conf = workdir / "mosquitto.conf"
+    lines = [
+        f"listener {port} {host}",
+        "allow_anonymous true",
+        "persistence false",
+        "max_queued_messages 100000",
+        "max_inflight_messages 100",
+        "log_dest stderr",
+        "log_type error",
+        "log_type warning",
+    ]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        lines.insert(2, "user root")  # as root, mosquitto would otherwise switch to the 'mosquitto' user
+    conf.write_text("\n".join(lines) + "\n")
+    log_path = workdir / "mosquitto.log"
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    broker = Broker("mosquitto", host, port, "5", proc, workdir, log_path, log)
+    try:
+        wait_port(port, host=host, proc=proc)
+    except (TimeoutError, RuntimeError) as exc:
+        broker.stop()
+        raise BrokerUnavailable(f"mosquitto did not start: {exc} (log: {log_path})") from None
+    return broker
+
+
+_AMQTT_MAIN = (
+    "import sys\n"
+    "from amqtt.scripts.broker_script import main\n"
+    "sys.argv = ['amqtt', '-c', sys.argv[1]]\n"
+    "main()\n"
+)
+
+
+def _start_amqtt(workdir: Path, host: str, port: int) -> Broker:
+    conf = workdir / "amqtt.yaml"
+    conf.write_text(
+        "listeners:\n"
+        "  default:\n"
+        "    type: tcp\n"
+        f"    bind: {host}:{port}\n"
+        "    max_connections: 10000\n"
+        "plugins:\n"
+        "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+        "    allow_anonymous: true\n"
+    )
+    log_path = workdir / "amqtt.log"
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([sys.executable, "-c", _AMQTT_MAIN, str(conf)], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL)
+    broker = Broker("amqtt", host, port, "3.1.1", proc, workdir, log_path, log)
+    try:
+        wait_port(port, timeout=20.0, host=host, proc=proc)
+    except (TimeoutError, RuntimeError) as exc:
+        broker.stop()
+        raise BrokerUnavailable(f"amqtt did not start: {exc} (log: {log_path})") from None
+    return broker
+
+
+def start_broker(workdir: str | Path, kind: Kind = "auto", host: str = "127.0.0.1", port: int | None = None) -> Broker:
+    """Start a broker listening on ``host:port`` (a free port by default) with its files in ``workdir``.
+
+    ``kind="auto"``: mosquitto if its executable exists, else amqtt if importable; :class:`BrokerUnavailable`
+    (with what to install) when neither is.
+    """
+    if kind not in ("auto", "mosquitto", "amqtt"):
+        raise ValueError(f"kind must be auto, mosquitto or amqtt, got {kind!r}")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port(host) if port is None else int(port)
+    exe = mosquitto_path()
+    if kind in ("auto", "mosquitto") and exe is not None:
+        return _start_mosquitto(exe, workdir, host, port)
+    if kind == "mosquitto":
+        raise BrokerUnavailable("mosquitto is not installed (apt-get install mosquitto)")
+    if importlib.util.find_spec("amqtt") is None:
+        raise BrokerUnavailable(
+            "no MQTT broker available: install mosquitto (apt-get install mosquitto) "
+            "or the embedded broker (pip install 'haarvest[broker]')"
+        )
+    return _start_amqtt(workdir, host, port)

@@ -1,0 +1,218 @@
+"""The device ↔ coordinator contract: rounds built from the devices' stream specs, answered by real agents,
+validated, stored and decoded by the coordinator with the same mechanism objects (HaarRecord, longitudinal
+protocols); bounds are the device's; rounding steps and mechanisms within the device's ε are followed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from coordinator.estimate import estimate_round
+from coordinator.rounds import RoundManager
+from coordinator.schemas import StreamSpec, parse_round_params
+from coordinator.store import SQLiteStore
+from coordinator.validate import Validator
+from edge_agent.agent import Agent
+from edge_agent.embed import categorical, new_identity, numeric, simple_config
+from edge_agent.pipeline import Pipeline, stream_specs
+from edge_agent.sources import CallableSource
+from protocols import wire
+from protocols.longitudinal import memo_key as protocol_memo_key
+from protocols.longitudinal.memo import encode_value
+from protocols.pipeline import HaarRecord, choose_mechanism
+
+COORD = wire.generate_signing_key()
+DIMS = [numeric("age", 17, 90), numeric("hours", 1, 99), numeric("edu", 1, 16), numeric("load", 0, 100),
+        categorical("sex", 2), categorical("app", 6)]
+STREAMS = [
+    {"name": "profile", "dimensions": ["age", "hours", "edu"], "mechanism": "haar", "epsilon": 2.0},
+    {"name": "load", "dimensions": ["load"], "mechanism": "hybrid", "epsilon": 1.0},
+    {"name": "sex", "dimensions": ["sex"], "epsilon": 1.0},
+    {"name": "app", "dimensions": ["app"], "mechanism": "loloha", "epsilon_1": 1.0, "epsilon_inf": 2.0,
+     "params": {"g": 3}},
+]
+
+
+def _cfg(i, tmp_path, streams=STREAMS, dims=DIMS):
+    return simple_config(f"dev-{i:04d}", tmp_path / f"d{i}", dims, streams,
+                         coordinator_public_key=wire.public_key_b64(COORD), total_cap=1e6,
+                         privacy={"epsilon": 1.0, "max_round_epsilon": 10.0})
+
+
+def _round(rid, params, eps=10.0, **kw):
+    return wire.sign_round(wire.RoundConfig(round_id=rid, protocol="t", epsilon=eps, params=params, **kw), COORD)
+
+
+def test_stream_specs_are_valid_coordinator_specs_and_resolve_every_choice(tmp_path):
+    specs = stream_specs(_cfg(0, tmp_path))
+    parsed = parse_round_params({"streams": specs})
+    prof = parsed.streams["profile"]
+    assert prof.kind == "haar" and prof.bounds == [(17, 90), (1, 99), (1, 16)]
+    assert set(prof.params) == {"epsilon", "d", "mean_mechanism", "detail_mechanism", "split"}
+    mech = prof.build()
+    assert isinstance(mech, HaarRecord) and mech.d == 3 and mech.epsilon == 2.0
+    assert parsed.streams["app"].kind == "longitudinal" and parsed.streams["app"].params["g"] == 3
+    assert parsed.streams["app"].epsilon == 2.0  # ε∞ counts towards the round's ε
+    assert parsed.streams["sex"].kind == "frequency"
+    # auto delegates to the one chooser of the project
+    ch = choose_mechanism(1.0, 1, "frequency", k=2)
+    assert specs["sex"]["mechanism"] == ch.name and specs["sex"]["params"] == ch.params
+
+
+def test_component_form_of_haar_is_converted_to_haar_record_params():
+    spec = StreamSpec.model_validate({
+        "kind": "haar", "dims": ["a", "b", "c"], "bounds": [[0, 1]] * 3,
+        "mean": {"mechanism": "hybrid", "params": {"epsilon": 0.5}},
+        "detail": {"mechanism": "ksampling", "params": {"epsilon": 1.5, "d": 3}}})
+    assert spec.mechanism == "haar" and spec.mean is None and spec.detail is None
+    assert spec.params == {"epsilon": 2.0, "d": 3, "mean_mechanism": "hybrid", "detail_mechanism": "ksampling",
+                           "split": 0.25}
+    mech = spec.build()
+    assert mech.epsilon_mean == pytest.approx(0.5) and mech.epsilon_detail == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="detail mechanism"):
+        StreamSpec.model_validate({"kind": "haar", "dims": ["a", "b"], "bounds": [[0, 1]] * 2,
+                                   "mean": {"mechanism": "hybrid", "params": {"epsilon": 0.5}},
+                                   "detail": {"mechanism": "ksampling", "params": {"epsilon": 1.5, "d": 3}}})
+
+
+def _fleet(tmp_path, n, rng):
+    data = {
+        "age": rng.uniform(17, 90, n), "hours": rng.normal(40, 12, n).clip(1, 99), "edu": rng.integers(1, 17, n),
+        "load": rng.uniform(10, 60, n), "sex": rng.integers(0, 2, n), "app": rng.choice(6, n, p=[.4, .3, .1, .1, .1, 0]),
+    }
+    agents = []
+    for i in range(n):
+        row = {k: (int(v[i]) if k in ("sex", "app") else float(v[i])) for k, v in data.items()}
+        agents.append(Agent(_cfg(i, tmp_path), CallableSource(lambda r=row: dict(r)), secrets=new_identity(),
+                            transport=False).open())
+    return agents, data
+
+
+def test_round_from_device_specs_is_answered_validated_and_decoded_within_intervals(tmp_path):
+    rng = np.random.default_rng(11)
+    n = 240
+    agents, data = _fleet(tmp_path, n, rng)
+    store = SQLiteStore(tmp_path / "c.db")
+    for a in agents:
+        store.upsert_device(a.config.device_id, a.secrets.public_key_b64)
+    validator = Validator(store)
+    rounds = RoundManager(store, COORD, on_change=validator.set_round)
+    params = {"streams": agents[0].stream_specs()}
+    for rid in ("r1", "r2"):
+        rc = rounds.open_round(rid, 7.0, params)
+        accepted = []
+        for a in agents:
+            out = a.handle_round(rc.to_bytes())
+            assert out is not None and not out.refused and len(out.commits) == 4
+            accepted += [validator.check(wire.report_topic(a.config.device_id), c.payload) for c in out.commits]
+        assert store.commit_batch(accepted, {}) == 4 * n
+    # the longitudinal stream: ε∞ once per memo slot, a fresh IRR each round
+    charges = [c["epsilon"] for c in agents[0].state.ledger_rows(stream="app")]
+    assert charges == [2.0]
+    est = estimate_round(store, "r1", level=0.9999)
+    truth = {"profile": [data["age"].mean(), data["hours"].mean(), data["edu"].mean()], "load": [data["load"].mean()],
+             "sex": np.bincount(data["sex"], minlength=2) / n, "app": np.bincount(data["app"], minlength=6) / n}
+    for stream, t in truth.items():
+        e = est[stream]
+        assert e.error is None and e.n == n, (stream, e.error)
+        assert np.all(np.asarray(e.ci_low) <= t) and np.all(np.asarray(t) <= e.ci_high), (stream, t, e)
+    assert est["profile"].kind == "haar" and est["app"].kind == "longitudinal"
+    for a in agents:
+        a.close()
+
+
+def test_bounds_differing_from_the_device_are_refused_not_adopted(tmp_path):
+    a = Agent(_cfg(0, tmp_path), CallableSource(lambda: {"age": 30.0, "hours": 40.0, "edu": 9, "load": 50.0,
+                                                         "sex": 1, "app": 2}),
+              secrets=new_identity(), transport=False).open()
+    specs = a.stream_specs()
+    specs["load"]["bounds"] = [[0, 200]]
+    specs["profile"]["dims"] = ["hours", "age", "edu"]
+    out = a.handle_round(_round("r1", {"streams": specs}).to_bytes())
+    assert sorted(out.refused) == [("load", "spec_bounds"), ("profile", "spec_dims")]
+    assert {wire.decode_report(c.payload).stream for c in out.commits} == {"sex", "app"}
+    assert a.stats["rounds.stream_refused.bounds"] == 1 and a.state.spent(stream="load") == 0
+    a.close()
+
+
+def test_round_rounding_steps_are_followed_with_the_device_offset(tmp_path):
+    values = iter([50.3, 50.9, 51.2, 50.4, 12.0])
+    a = Agent(_cfg(0, tmp_path), CallableSource(lambda: {"age": 30.0, "hours": 40.0, "edu": 9, "load": next(values),
+                                                         "sex": 1, "app": 2}),
+              secrets=new_identity(), transport=False).open()
+    spec = a.stream_specs()["load"]
+    coarse = dict(spec, rounding=[16.0])  # (hi - lo)/K_base · 2^4: the device's own nested grid
+    rounder = a.pipeline._rounding["load"].rounder
+    expected = [float(rounder.round([x], [16.0])[0]) for x in (50.3, 50.9, 51.2, 50.4)]
+    charged = []
+    for i in range(4):
+        out = a.handle_round(_round(f"r{i}", {"streams": {"load": coarse}}).to_bytes())
+        charged.append(out.charged)
+    assert len(set(expected)) == 1 and charged == [1.0, 0.0, 0.0, 0.0]  # one grid point: one memo entry
+    exact = dict(spec, rounding=[None])
+    out = a.handle_round(_round("r9", {"streams": {"load": exact}}).to_bytes())
+    assert out.charged == 1.0
+    with pytest.raises(ValueError, match="rounding"):
+        a.pipeline.plan_for("load", dict(spec, rounding=[1000.0]))
+    a.close()
+
+
+def test_longitudinal_memo_key_is_the_protocol_key_and_every_report_is_fresh(tmp_path):
+    ident = new_identity()
+    a = Agent(_cfg(0, tmp_path, streams=[STREAMS[3]], dims=[categorical("app", 6)]),
+              CallableSource(lambda: {"app": 4}), secrets=ident, transport=False).open()
+    plan = a.pipeline.streams["app"]
+    client = a.pipeline._client(plan)
+    slot = client._slot(4)
+    key = protocol_memo_key(ident.hmac_secret, f"app/LOLOHA/{plan.mechanism.fingerprint()}", encode_value(slot))
+    bodies, charges = [], []
+    for i in range(40):
+        out = a.report(f"r{i}")
+        (c,) = out.commits
+        bodies.append(tuple(c.body["report"]))
+        charges.append(c.charged)
+    rows = list(a.state.ledger_rows())
+    assert [r["memo_key"] for r in rows] == [key] and charges == [2.0] + [0.0] * 39
+    seeds = {b[0] for b in bodies}
+    assert len(seeds) == 1  # the hash seed is fixed for life
+    assert len({b[1] for b in bodies}) > 1  # fresh IRR: the reported hash value varies
+    a.close()
+    # a restarted agent keeps the seed (derived from the secret) and the memo (durable)
+    b = Agent(_cfg(0, tmp_path, streams=[STREAMS[3]], dims=[categorical("app", 6)]),
+              CallableSource(lambda: {"app": 4}), secrets=ident, transport=False).open()
+    (c,) = b.report("again").commits
+    assert c.charged == 0.0 and c.body["report"][0] in seeds
+    b.close()
+
+
+def test_round_mechanism_within_budget_for_haar_and_longitudinal(tmp_path):
+    a = Agent(_cfg(0, tmp_path), CallableSource(lambda: {"age": 30.0, "hours": 40.0, "edu": 9, "load": 5.0,
+                                                         "sex": 1, "app": 2}),
+              secrets=new_identity(), transport=False).open()
+    specs = a.stream_specs()
+    specs["profile"]["params"] = {"epsilon": 1.0, "d": 3, "mean_mechanism": "piecewise",
+                                  "detail_mechanism": "duchi_md", "split": 0.5}
+    specs["app"]["params"] = dict(specs["app"]["params"], epsilon_inf=1.5, epsilon_1=0.5)
+    out = a.handle_round(_round("r1", {"streams": specs}).to_bytes())
+    reps = {wire.decode_report(c.payload).stream: c for c in out.commits}
+    assert not out.refused and reps["profile"].charged == 1.0 and reps["app"].charged == 1.5
+    body = reps["profile"].body["report"]
+    assert set(body) == {"mean", "detail"} and len(body["detail"]) == 3
+    specs["app"]["params"] = dict(specs["app"]["params"], epsilon_inf=3.0)
+    specs["profile"]["kind"] = "vector"
+    specs["profile"]["mechanism"] = "ksampling"
+    specs["profile"]["params"] = {"epsilon": 5.0, "d": 3}
+    out = a.handle_round(_round("r2", {"streams": specs}).to_bytes())
+    assert ("app", "spec_epsilon") in out.refused and ("profile", "spec_epsilon") in out.refused
+    a.close()
+
+
+def test_pipeline_round_plan_shim_keeps_the_old_signature(tmp_path):
+    p = Pipeline(_cfg(0, tmp_path), bytes(32))
+    plan = p.round_plan("load", "piecewise", {"epsilon": 0.5})
+    assert plan.mechanism_name == "piecewise" and plan.epsilon == 0.5
+    with pytest.raises(ValueError):
+        p.round_plan("load", "hybrid", {"epsilon": 5.0})
+    assert json.loads(plan.spec) == {"mechanism": "piecewise", "params": {"epsilon": 0.5}}
