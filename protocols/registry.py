@@ -33,6 +33,7 @@ MECHANISMS: dict[str, str] = {
     "hr": "protocols.frequency:HadamardResponse",
     # records in [-1, 1]^d: the memoized pipeline's Haar record mechanism (SPEC §2.4)
     "haar": "protocols.pipeline:HaarRecord",
+    "auto": "protocols.pipeline:AutoRecord",
 }
 
 __all__ = ["MECHANISMS", "register", "mechanism_class", "build", "row_to_json", "rows_from_json"]
