@@ -208,12 +208,29 @@ class EvolvingDataset:
     def tau(self) -> int:
         return int(self.series.shape[1])
 
+    @property
+    def domain(self) -> Domain:
+        """The static attributes followed by the evolving one."""
+        return Domain((*self.static.domain.attributes, self.attribute))
+
+    def records(self, start: int = 0, stop: int | None = None, rows: int | None = None) -> np.ndarray:
+        """Float codes of shape (rows, stop - start, d + 1): the static columns repeated over the rounds, then the
+        evolving column (bounds per column: 0 and size - 1, see :meth:`Domain.sizes`)."""
+        stop = self.tau if stop is None else stop
+        if not 0 <= start < stop <= self.tau:
+            raise ValueError(f"need 0 <= start < stop <= {self.tau}, got start={start}, stop={stop}")
+        n = self.static.n if rows is None else check_int(rows, "rows", minimum=1, maximum=self.static.n)
+        tau = stop - start
+        out = np.empty((n, tau, self.static.d + 1))
+        out[:, :, :-1] = self.static.data[:n, None, :]
+        out[:, :, -1] = self.series[:n, start:stop]
+        return out
+
     def at_round(self, t: int) -> Dataset:
         """The static columns plus the evolving column's value at time t, as a (d+1)-column dataset."""
         t = check_int(t, "t", minimum=0, maximum=self.tau - 1)
         data = np.column_stack([self.static.data, self.series[:, t]])
-        domain = Domain((*self.static.domain.attributes, self.attribute))
-        return Dataset(f"{self.static.name}@t={t}", data, domain)
+        return Dataset(f"{self.static.name}@t={t}", data, self.domain)
 
 
 # ------------------------------------------------------------------------------------------------------------ Adult

@@ -63,7 +63,9 @@ def test_range_queries_haar_beats_flat_sums_on_long_ranges(quick_run):
 def test_privacy_spent_respects_each_protocols_bound(quick_run):
     _, sections, _, _ = quick_run
     for label, row in sections["privacy"].data["summary"].items():
-        assert 0 < row["mean"] <= row["max"] <= row["bound"] + 1e-9, label
+        assert 0 < row["mean"] <= row["max"], label
+        if not np.isnan(row["bound"]):
+            assert row["max"] <= row["bound"] + 1e-9, label
 
 
 def test_evolving_has_our_and_peer_rows(quick_run):

@@ -129,6 +129,11 @@ def test_adult_with_syn_maps_row_i_to_user_i_mod_n():
     assert np.array_equal(at2.data[:, 1], syn[np.arange(25) % 10, 2])
     with pytest.raises(ValueError):
         combined.at_round(4)
+    rec = combined.records(1, 3, rows=12)
+    assert rec.shape == (12, 2, 2)
+    assert np.array_equal(rec[:, :, 1], syn[np.arange(12) % 10, 1:3]) and np.all(rec[:, :, 0] == 0)
+    with pytest.raises(ValueError):
+        combined.records(3, 3)
 
 
 def test_syn_as_numeric_and_gaussian():
