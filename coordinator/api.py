@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlparse
 if TYPE_CHECKING:  # pragma: no cover
     from coordinator.service import Coordinator
 
-__all__ = ["ApiServer", "render_dashboard", "svg_band_chart", "svg_bar_chart"]
+__all__ = ["ApiServer", "render_dashboard", "render_report", "stream_charts", "svg_band_chart", "svg_bar_chart"]
 
 
 class ApiServer:
@@ -143,9 +143,12 @@ def _axes(title: str, ymin: float, ymax: float) -> list[str]:
     return out
 
 
-def svg_band_chart(title: str, xlabels: list[str], est: list[float], lo: list[float], hi: list[float]) -> str:
-    """Estimate over rounds (line + points) with the confidence band (shaded polygon)."""
-    ymin, ymax = _scale(list(lo) + list(hi) + list(est))
+def svg_band_chart(title: str, xlabels: list[str], est: list[float], lo: list[float], hi: list[float],
+                   truth: list[float | None] | None = None) -> str:
+    """Estimate over rounds (line + points) with the confidence band (shaded polygon); optionally the true values
+    (dashed line, class ``truth``) for simulations and demos."""
+    known = [t for t in (truth or []) if t is not None]
+    ymin, ymax = _scale(list(lo) + list(hi) + list(est) + known)
     n = len(est)
     xs = [PAD + 10 + (i * (W - PAD - 30) / max(n - 1, 1)) for i in range(n)]
 
@@ -155,8 +158,12 @@ def svg_band_chart(title: str, xlabels: list[str], est: list[float], lo: list[fl
     out = _axes(title, ymin, ymax)
     band = [f"{x:.1f},{y(v):.1f}" for x, v in zip(xs, hi)] + [f"{x:.1f},{y(v):.1f}" for x, v in zip(xs[::-1], lo[::-1])]
     out.append(f'<polygon class="band" points="{" ".join(band)}" fill="#9ecae1" fill-opacity="0.55" stroke="none"/>')
-    out.append(f'<polyline points="{" ".join(f"{x:.1f},{y(v):.1f}" for x, v in zip(xs, est))}" fill="none" '
-               'stroke="#08519c" stroke-width="2"/>')
+    out.append(f'<polyline class="est-line" points="{" ".join(f"{x:.1f},{y(v):.1f}" for x, v in zip(xs, est))}" '
+               'fill="none" stroke="#08519c" stroke-width="2"/>')
+    if truth is not None:
+        pts = [f"{x:.1f},{y(t):.1f}" for x, t in zip(xs, truth) if t is not None]
+        out.append(f'<polyline class="truth" points="{" ".join(pts)}" fill="none" stroke="#d62728" '
+                   'stroke-width="1.5" stroke-dasharray="5,3"/>')
     for x, v, label in zip(xs, est, xlabels):
         out.append(f'<circle class="est" cx="{x:.1f}" cy="{y(v):.1f}" r="3" fill="#08519c"/>')
         out.append(f'<text x="{x:.1f}" y="{H - PAD + 14}" font-size="10" text-anchor="middle" '
@@ -165,9 +172,10 @@ def svg_band_chart(title: str, xlabels: list[str], est: list[float], lo: list[fl
     return "\n".join(out)
 
 
-def svg_bar_chart(title: str, labels: list[str], est: list[float], lo: list[float], hi: list[float]) -> str:
-    """Frequencies as bars with confidence-interval whiskers."""
-    ymin, ymax = _scale([0.0] + list(lo) + list(hi) + list(est))
+def svg_bar_chart(title: str, labels: list[str], est: list[float], lo: list[float], hi: list[float],
+                  truth: list[float] | None = None) -> str:
+    """Frequencies as bars with confidence-interval whiskers; optionally true frequencies (red ticks, ``truth``)."""
+    ymin, ymax = _scale([0.0] + list(lo) + list(hi) + list(est) + list(truth or []))
     n = len(est)
     slot = (W - PAD - 20) / max(n, 1)
 
@@ -182,6 +190,9 @@ def svg_bar_chart(title: str, labels: list[str], est: list[float], lo: list[floa
                    f'height="{abs(base - top):.1f}" fill="#6baed6"/>')
         cx = x + slot * 0.35
         out.append(f'<line class="ci" x1="{cx:.1f}" y1="{y(a):.1f}" x2="{cx:.1f}" y2="{y(b):.1f}" stroke="#08306b"/>')
+        if truth is not None and i < len(truth):
+            out.append(f'<line class="truth" x1="{x:.1f}" y1="{y(truth[i]):.1f}" x2="{x + slot * 0.7:.1f}" '
+                       f'y2="{y(truth[i]):.1f}" stroke="#d62728" stroke-width="2"/>')
         if n <= 40:
             out.append(f'<text x="{cx:.1f}" y="{H - PAD + 14}" font-size="9" text-anchor="middle" '
                        f'font-family="sans-serif">{html.escape(label[:10])}</text>')
@@ -189,29 +200,65 @@ def svg_bar_chart(title: str, labels: list[str], est: list[float], lo: list[floa
     return "\n".join(out)
 
 
+def stream_charts(history: list[tuple[str, dict[str, dict[str, Any]]]],
+                  truth: dict[str, dict[str, list[float]]] | None = None, every_round: bool = False) -> list[str]:
+    """SVG charts from ``[(round_id, {stream: StreamEstimate.to_dict()})]`` (oldest first): per numeric stream and
+    dimension the estimate over rounds with its band; per frequency stream the latest round's bars (every round's
+    with ``every_round``). ``truth[round_id][stream]`` (optional) overlays the true values."""
+    truth = truth or {}
+    charts: list[str] = []
+    streams = sorted({s for _, est in history for s in est})
+    for stream in streams:
+        series = [(rid, est[stream]) for rid, est in history if stream in est and est[stream].get("error") is None]
+        if not series:
+            continue
+        kind = series[-1][1]["kind"]
+        if kind in ("frequency", "longitudinal"):
+            for rid, e in (series if every_round else series[-1:]):
+                t = truth.get(rid, {}).get(stream)
+                charts.append(svg_bar_chart(f"{stream} — {rid} (n={e['n']}, {e['mechanism']})", e["labels"],
+                                            e["estimate"], e["ci_low"], e["ci_high"],
+                                            t if t is not None and len(t) == len(e["estimate"]) else None))
+            continue
+        for j, dim in enumerate(series[-1][1]["labels"]):
+            pts = [(rid, e) for rid, e in series if len(e["estimate"]) > j]
+            tr = [truth.get(rid, {}).get(stream) for rid, _ in pts]
+            tv = [t[j] if t is not None and len(t) > j else None for t in tr]
+            charts.append(svg_band_chart(
+                f"{stream}.{dim} — mean with {int(100 * pts[-1][1]['level'])}% band",
+                [rid for rid, _ in pts], [e["estimate"][j] for _, e in pts],
+                [e["ci_low"][j] for _, e in pts], [e["ci_high"][j] for _, e in pts],
+                tv if any(v is not None for v in tv) else None))
+    return charts
+
+
+_STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222} table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px} .charts svg{margin:6px;border:1px solid #eee}
+td.num{text-align:right;font-variant-numeric:tabular-nums} .miss{color:#b00}"""
+
+
+def render_report(title: str, history: list[tuple[str, dict[str, dict[str, Any]]]],
+                  truth: dict[str, dict[str, list[float]]] | None = None, body_html: str = "") -> str:
+    """A static HTML page (no refresh, no external assets) with ``body_html`` and the charts of
+    :func:`stream_charts` (every round's frequencies, true values overlaid) — the demo's report."""
+    charts = stream_charts(history, truth, every_round=True)
+    legend = ('<p>Blue: estimate with its confidence band / whiskers. '
+              '<span style="color:#d62728">Red: true value</span>.</p>') if truth else ""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>{_STYLE}</style></head><body>
+<h1>{html.escape(title)}</h1>
+{body_html}
+{legend}
+<div class="charts">{''.join(charts) if charts else '<p>No estimates.</p>'}</div>
+</body></html>"""
+
+
 def render_dashboard(api: ApiServer, max_rounds: int = 30) -> str:
     coord = api.coordinator
     rounds = coord.rounds.list()[-max_rounds:]
     per_round = {r["round_id"]: api.estimates(r["round_id"]) for r in rounds}
-    charts: list[str] = []
-    streams = sorted({s for r in rounds for s in r["streams"]})
-    for stream in streams:
-        series = [(rid, est[stream]) for rid, est in per_round.items()
-                  if stream in est and est[stream]["error"] is None]
-        if not series:
-            continue
-        kind = series[-1][1]["kind"]
-        if kind == "frequency":
-            rid, e = series[-1]
-            charts.append(svg_bar_chart(f"{stream} — {rid} (n={e['n']}, {e['mechanism']})", e["labels"],
-                                        e["estimate"], e["ci_low"], e["ci_high"]))
-            continue
-        for j, dim in enumerate(series[-1][1]["labels"]):
-            pts = [(rid, e) for rid, e in series if len(e["estimate"]) > j]
-            charts.append(svg_band_chart(
-                f"{stream}.{dim} — mean with {int(100 * pts[-1][1]['level'])}% band",
-                [rid for rid, _ in pts], [e["estimate"][j] for _, e in pts],
-                [e["ci_low"][j] for _, e in pts], [e["ci_high"][j] for _, e in pts]))
+    charts = stream_charts(list(per_round.items()))
     snap = coord.metrics_snapshot()
     rows = "".join(
         f"<tr><td>{html.escape(r['round_id'])}</td><td>{r['status']}</td><td>{r['epsilon']:g}</td>"
@@ -220,8 +267,7 @@ def render_dashboard(api: ApiServer, max_rounds: int = 30) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="10">
 <title>haarvest coordinator</title>
-<style>body{{font-family:sans-serif;margin:1.5em;color:#222}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 8px;font-size:13px}} .charts svg{{margin:6px;border:1px solid #eee}}</style>
+<style>{_STYLE}</style>
 </head><body>
 <h1>haarvest coordinator</h1>
 <p id="metrics">accepted {snap['accepted']} · duplicates {snap['duplicates']} · rejected {snap['rejected_total']}

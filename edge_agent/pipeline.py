@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.schemas import LONGITUDINAL_PROTOCOLS, StreamSpec
+from coordinator.schemas import LONGITUDINAL_PROTOCOLS, HeavyHitterSpec, StreamSpec, heavy_hitter_items
 from protocols import registry, wire
 from protocols.base import os_rng
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
@@ -131,6 +131,7 @@ class StreamPlan:
     cap: float
     rounding: tuple[float | None, ...] | None = None
     epsilon_1: float | None = None
+    heavy_hitters: HeavyHitterSpec | None = None
 
     @property
     def name(self) -> str:
@@ -170,6 +171,8 @@ class StreamPlan:
             out["bounds"] = [[float(d.lo), float(d.hi)] for d in self.dimensions]  # type: ignore[arg-type]
         if self.rounding is not None:
             out["rounding"] = list(self.rounding)
+        if self.heavy_hitters is not None:
+            out["heavy_hitters"] = self.heavy_hitters.model_dump()
         return StreamSpec.model_validate(out).model_dump(mode="json", exclude_none=True)
 
 
@@ -338,8 +341,10 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
             if not (_same_bound(lo, d.lo) and _same_bound(hi, d.hi)):  # type: ignore[arg-type]
                 raise SpecMismatch("bounds", f"stream {name!r}: dimension {d.name!r} is declared on "
                                              f"[{d.lo}, {d.hi}], the round asks for [{lo}, {hi}]")
-    if spec.heavy_hitters is not None:
-        raise SpecMismatch("unsupported", "devices do not answer heavy-hitter prefix rounds yet")
+    hh = spec.heavy_hitters
+    if hh is not None and base.dimensions[0].domain_size > (1 << hh.bits):
+        raise SpecMismatch("shape", f"stream {name!r}: values in [0, {base.dimensions[0].domain_size}) do not fit "
+                                    f"in {hh.bits} bits")
     tol = 1e-12
     if spec.epsilon > base.epsilon * (1 + tol):
         raise SpecMismatch("epsilon", f"stream {name!r}: the round asks for ε={spec.epsilon:g}, "
@@ -359,15 +364,16 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
         rounding = tuple(None if s is None else float(s) for s in spec.rounding)
     mech_name = spec.wire_mechanism
     params = dict(spec.params)
-    if mech_name == base.mechanism_name and params == base.params:
+    if mech_name == base.mechanism_name and params == base.params and hh is None:
         return replace(base, rounding=rounding) if rounding is not None else base
     try:
         mech = spec.build()
     except (ValueError, ImportError, AttributeError, TypeError) as exc:
         raise SpecMismatch("mechanism", f"stream {name!r}: {exc}") from None
     if base.kind == "categorical":
-        if getattr(mech, "k", None) != base.dimensions[0].domain_size:
-            raise SpecMismatch("shape", f"stream {name!r}: the round's k does not match the domain size")
+        k = hh.k if hh is not None else base.dimensions[0].domain_size
+        if getattr(mech, "k", None) != k:
+            raise SpecMismatch("shape", f"stream {name!r}: the round's k does not match the domain size ({k})")
     elif spec.kind == "numeric":
         if getattr(mech, "d", 1) != 1 or not hasattr(mech, "variance"):
             raise SpecMismatch("shape", f"stream {name!r}: the round asks for a vector mechanism for one dimension")
@@ -375,9 +381,12 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
         raise SpecMismatch("shape", f"stream {name!r}: the round's d does not match the stream's dimensions")
     if spec.kind == "longitudinal":
         params = mech.params()
-    spec_json = wire.canonical_json({"mechanism": mech_name, "params": params}).decode()
+    spec_data: dict[str, Any] = {"mechanism": mech_name, "params": params}
+    if hh is not None:  # the items depend on the candidates: they are part of the memo spec
+        spec_data["heavy_hitters"] = hh.model_dump()
+    spec_json = wire.canonical_json(spec_data).decode()
     return replace(base, mechanism_name=mech_name, params=params, spec=spec_json, mechanism=mech,
-                   epsilon=float(spec.epsilon), rounding=rounding,
+                   epsilon=float(spec.epsilon), rounding=rounding, heavy_hitters=hh,
                    epsilon_1=float(params["epsilon_1"]) if spec.kind == "longitudinal" else None)
 
 
@@ -577,6 +586,8 @@ class Pipeline:
         steps when the plan has them (see :meth:`_DimRounding.round_with`)."""
         canon = [record.canonical[d.name] for d in plan.dimensions]
         if plan.kind == "categorical":
+            if plan.heavy_hitters is not None:
+                canon = [["h", self._item(plan, record)]]
             return canon, []
         t = [record.normalised[d.name] for d in plan.dimensions]
         if plan.rounding is None:
@@ -594,9 +605,17 @@ class Pipeline:
             t[j] = min(1.0, max(-1.0, 2.0 * (y - lo) / (hi - lo) - 1.0))
         return canon, t
 
+    @staticmethod
+    def _item(plan: StreamPlan, record: Record) -> int:
+        """A heavy-hitter round's oracle item for the value (:func:`coordinator.schemas.heavy_hitter_items`)."""
+        assert plan.heavy_hitters is not None
+        return int(heavy_hitter_items(plan.heavy_hitters, [record.values[plan.dimensions[0].name]])[0])
+
     def _mechanism_input(self, plan: StreamPlan, record: Record, t: list[float]) -> np.ndarray:
         if plan.kind == "categorical":
-            return np.asarray([record.values[plan.dimensions[0].name]], dtype=np.int64)
+            value = self._item(plan, record) if plan.heavy_hitters is not None \
+                else record.values[plan.dimensions[0].name]
+            return np.asarray([value], dtype=np.int64)
         # vector mechanisms (they have ``d``: k-sampling, Duchi multi-dim, HaarRecord) take one row of d values
         return np.asarray([t], dtype=float) if hasattr(plan.mechanism, "d") else np.asarray(t, dtype=float)
 

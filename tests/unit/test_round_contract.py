@@ -216,3 +216,29 @@ def test_pipeline_round_plan_shim_keeps_the_old_signature(tmp_path):
     with pytest.raises(ValueError):
         p.round_plan("load", "hybrid", {"epsilon": 5.0})
     assert json.loads(plan.spec) == {"mechanism": "piecewise", "params": {"epsilon": 0.5}}
+
+
+def test_heavy_hitter_rounds_map_values_to_the_rounds_items(tmp_path):
+    from coordinator.schemas import HeavyHitterSpec, heavy_hitter_items
+
+    dims = [categorical("country", 41)]
+    streams = [{"name": "country", "dimensions": ["country"], "mechanism": "oue", "epsilon": 1.0}]
+    a = Agent(_cfg(0, tmp_path, streams=streams, dims=dims), CallableSource(lambda: {"country": 38}),
+              secrets=new_identity(), transport=False).open()
+    spec = a.stream_specs()["country"]
+    first = HeavyHitterSpec(bits=6, prefix_bits=0, step_bits=2, candidates=[0])
+    second = HeavyHitterSpec(bits=6, prefix_bits=2, step_bits=2, candidates=[1, 2])  # 38 = 0b100110: prefix 0b10
+    charged = []
+    for rid, hh in (("h1", first), ("h1b", first), ("h2", second)):
+        s = dict(spec, params={"epsilon": 1.0, "k": hh.k}, heavy_hitters=hh.model_dump())
+        out = a.handle_round(_round(rid, {"streams": {"country": s}}).to_bytes())
+        (c,) = out.commits
+        assert len(c.body["report"]) == hh.k  # OUE over the round's items
+        charged.append(c.charged)
+    assert charged == [1.0, 0.0, 1.0]  # same round spec: memo hit; new candidates: a new memo entry
+    assert int(heavy_hitter_items(second, [38])[0]) == 1 * 4 + 0b01
+    bad = dict(spec, params={"epsilon": 1.0, "k": 5},
+               heavy_hitters=HeavyHitterSpec(bits=5, prefix_bits=0, step_bits=2, candidates=[0]).model_dump())
+    out = a.handle_round(_round("h3", {"streams": {"country": bad}}).to_bytes())
+    assert out.refused == [("country", "spec_shape")]
+    a.close()

@@ -1,0 +1,582 @@
+"""``haarvest demo``: a broker, the coordinator and a fleet of real agents, end to end, on one machine.
+
+What runs (``make demo``; docs/demo.md):
+
+1. an MQTT broker on a free loopback port — mosquitto if installed, else the embedded amqtt (MQTT 3.1.1 only;
+   :mod:`simulations.broker`);
+2. the coordinator (:class:`coordinator.service.Coordinator`: MQTT ingest, SQLite store, signed rounds, HTTP
+   dashboard on a free port);
+3. N agents (:class:`edge_agent.Agent`, each with its own state directory — ledger, memo, outbox — and its own
+   Ed25519 identity and HMAC secret, one MQTT connection each), driven by :func:`edge_agent.run_fleet` in worker
+   processes of at most :data:`AGENTS_PER_PROCESS` agents (paho's network loop uses ``select()``, which cannot watch
+   file descriptors ≥ 1024; an agent holds about six: its MQTT socket and wake-up pair, SQLite's db/WAL/shm).
+   Device i replays row i of a seeded sample of the Adult data (``../shared/datasets/adult``; coarse integer codes,
+   so age/education/hours are the 16-level codes 0–15) plus two synthetic evolving dimensions: ``load`` (a
+   per-device baseline, a population trend of +6 per round and per-round noise) and ``app`` (one of 8 apps, redrawn
+   with probability 0.25 each round from a popularity that drifts towards app 3);
+4. R rounds. Round 1 asks for the devices' own stream specs (``Agent.stream_specs()``: bounds and mechanisms are the
+   devices') plus a heavy-hitter round on ``country`` (top 2 bits of a 6-bit code). Every later round is planned by
+   :meth:`coordinator.rounds.RoundManager.open_next_round` from the earlier rounds' *published aggregates* only
+   (SPEC §5, sequential interaction): α-rounding steps from the volatility of the estimated means, and the next
+   heavy-hitter prefixes from the significant items of the previous round;
+5. after each round the coordinator's estimates (with confidence intervals) are compared with the truth, which the
+   demo knows because it generated the readings.
+
+Streams (per device, per round): ``profile`` — the Haar record mechanism (:class:`protocols.pipeline.HaarRecord`,
+ε = 4) over (age, education, hours); ``load`` — HM (ε = 2), α-rounded with the planned steps; ``sex`` — ``auto``
+(ε = 1, GRR); ``country`` — OUE (ε = 2) over the round's heavy-hitter items; ``app`` — LOLOHA (ε∞ = 4, ε1 = 2),
+memoized: a device is charged ε∞ only for a new hashed value, every report is a fresh IRR. The ε are large because
+a few hundred devices is a tiny population for LDP (interval widths shrink as 1/√n); memoization makes a repeated
+value free, so the ledger total per device is far below rounds × 13. The table shows the *unbiased* estimates
+and their intervals (no consistency post-processing), so the coverage can be checked.
+
+Output: the table of true vs estimated values on stdout, and in ``--out``: ``report.html`` (charts with bands and
+the truth, the table), ``dashboard.html`` (the coordinator's live dashboard page), ``estimates.json`` and the run's
+state (``run/``: coordinator database, agents' databases, broker log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import multiprocessing as mp
+import queue
+import shutil
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["DemoConfig", "DemoResult", "DemoData", "run_demo", "register", "load_adult_rows", "QUICK"]
+
+#: ``--quick`` (CI): fewer agents and rounds.
+QUICK = {"agents": 60, "rounds": 3}
+#: Agents per worker process (each agent holds ~6 file descriptors; paho's select() loop stops at fd 1024).
+AGENTS_PER_PROCESS = 100
+#: Adult columns used (0-based, coarse form): age, education-num, hours-per-week (16 levels each), sex (2),
+#: native-country (41).
+ADULT_COLUMNS = {"age": 0, "education": 4, "hours": 12, "sex": 9, "country": 13}
+COUNTRY_K = 41
+APP_K = 8
+HH_BITS = 6
+#: ε per device and round: profile 4 + load 2 + sex 1 + country 2 + app ε∞ 4 (large: 200 devices is a tiny
+#: population for LDP — interval widths shrink as 1/√n; memo hits make most later reports free)
+ROUND_EPSILON = 13.0
+
+
+@dataclass
+class DemoConfig:
+    agents: int = 200
+    rounds: int = 4
+    out: Path = Path("demo-output")
+    quick: bool = False
+    seed: int = 20261122
+    broker: str = "auto"
+    level: float = 0.95
+    serve: bool = False
+    round_timeout: float = 60.0
+    adult_dir: Path | None = None
+
+
+@dataclass
+class DemoResult:
+    """What the demo measured: per-round table rows, timings, counters, output paths."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    setup_seconds: float = 0.0
+    broker: str = ""
+    agents: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    spent: dict[str, float] = field(default_factory=dict)
+    report_path: Path | None = None
+    dashboard_path: Path | None = None
+
+    @property
+    def coverage(self) -> float:
+        inside = [r["inside"] for r in self.rows]
+        return float(np.mean(inside)) if inside else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------------- data
+
+
+def _read_adult_file(directory: Path) -> np.ndarray:
+    dat = directory / "adult-coarse.dat"
+    if not dat.exists():
+        raise FileNotFoundError(
+            f"Adult data not found: {dat} is missing. The demo reads ../shared/datasets/adult relative to the "
+            "repository (adult-coarse.dat, adult-coarse.domain); set HAARVEST_ADULT_DIR to another directory."
+        )
+    lines = dat.read_text().split()
+    rows = np.loadtxt(lines[1:], delimiter=",", dtype=np.int64)
+    if rows.ndim != 2 or rows.shape[1] != 15 or rows.shape[0] != int(lines[0]):
+        raise ValueError(f"{dat}: expected {lines[0]} rows of 15 integer codes, got shape {rows.shape}")
+    return rows
+
+
+def load_adult_rows(directory: Path | None = None) -> np.ndarray:
+    """The coarse Adult table (rows × 15 integer codes): :func:`simulations.datasets.load_adult` when that module
+    is available, else read directly (``HAARVEST_ADULT_DIR`` or ``../shared/datasets/adult``); a clear error if
+    the files are missing."""
+    import os
+
+    try:
+        from simulations.datasets import load_adult
+
+        return np.asarray(load_adult(directory).data, dtype=np.int64)
+    except ImportError:
+        pass
+    if directory is None:
+        env = os.environ.get("HAARVEST_ADULT_DIR")
+        directory = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "adult"
+    return _read_adult_file(Path(directory))
+
+
+class DemoData:
+    """Every device's reading in every round (seeded), and the truth the estimates are compared with."""
+
+    def __init__(self, n: int, rounds: int, rng: np.random.Generator, adult: np.ndarray) -> None:
+        if n < 2 or rounds < 1:
+            raise ValueError("the demo needs at least 2 agents and 1 round")
+        idx = rng.choice(adult.shape[0], size=n, replace=n > adult.shape[0])
+        rows = adult[idx]
+        self.n, self.rounds = n, rounds
+        self.static = {name: rows[:, col] for name, col in ADULT_COLUMNS.items()}
+        base = 8.0 + 50.0 * rng.beta(2.0, 4.0, n)
+        self.load = np.clip(base[None, :] + 6.0 * np.arange(rounds)[:, None] + rng.normal(0, 4.0, (rounds, n)), 0, 100)
+        app = np.empty((rounds, n), dtype=np.int64)
+        pop0 = np.array([30, 20, 15, 5, 10, 8, 7, 5], dtype=float)
+        for r in range(rounds):
+            pop = pop0.copy()
+            pop[3] += 12.0 * r  # app 3 gets more popular
+            pop /= pop.sum()
+            fresh = rng.choice(APP_K, size=n, p=pop)
+            app[r] = fresh if r == 0 else np.where(rng.random(n) < 0.25, fresh, app[r - 1])
+        self.app = app
+
+    def reading(self, i: int, r: int) -> dict[str, Any]:
+        s = self.static
+        return {"age": float(s["age"][i]), "education": float(s["education"][i]), "hours": float(s["hours"][i]),
+                "sex": int(s["sex"][i]), "country": int(s["country"][i]), "load": float(self.load[r, i]),
+                "app": int(self.app[r, i])}
+
+    def truth(self, r: int, spec: Any, stream: str) -> list[float]:
+        """The true value of each estimated quantity of ``stream`` in round r (means in x units, frequencies)."""
+        from coordinator.schemas import heavy_hitter_items
+
+        s = self.static
+        if stream == "profile":
+            return [float(s["age"].mean()), float(s["education"].mean()), float(s["hours"].mean())]
+        if stream == "load":
+            return [float(self.load[r].mean())]
+        if stream == "sex":
+            return (np.bincount(s["sex"], minlength=2) / self.n).tolist()
+        if stream == "app":
+            return (np.bincount(self.app[r], minlength=APP_K) / self.n).tolist()
+        if stream == "country":
+            hh = spec.heavy_hitters
+            items = heavy_hitter_items(hh, s["country"]) if hh is not None else s["country"]
+            return (np.bincount(items, minlength=int(spec.params["k"])) / self.n).tolist()
+        raise KeyError(stream)
+
+
+# ---------------------------------------------------------------------------------------------------- fleet
+
+
+def _device_config(i: int, run_dir: Path, broker: Any, coord_pub: str) -> Any:
+    from edge_agent.embed import categorical, numeric, simple_config
+
+    dims = [numeric("age", 0, 15), numeric("education", 0, 15), numeric("hours", 0, 15), numeric("load", 0, 100),
+            categorical("sex", 2), categorical("country", COUNTRY_K), categorical("app", APP_K)]
+    streams = [
+        {"name": "profile", "dimensions": ["age", "education", "hours"], "mechanism": "haar", "epsilon": 4.0},
+        {"name": "load", "dimensions": ["load"], "mechanism": "hybrid", "epsilon": 2.0},
+        {"name": "sex", "dimensions": ["sex"], "mechanism": "auto", "epsilon": 1.0},
+        {"name": "country", "dimensions": ["country"], "mechanism": "oue", "epsilon": 2.0},
+        {"name": "app", "dimensions": ["app"], "mechanism": "loloha", "epsilon_1": 2.0, "epsilon_inf": 4.0,
+         "params": {"g": "optimal"}},
+    ]
+    return simple_config(
+        f"demo-{i:04d}", run_dir / "agents" / f"demo-{i:04d}", dims, streams,
+        total_cap=500.0, coordinator_public_key=coord_pub, schedule="rounds", sample_interval_s=86400.0,
+        privacy={"epsilon": 1.0, "max_round_epsilon": ROUND_EPSILON},
+        mqtt={"host": broker.host, "port": broker.port, "protocol": broker.protocol, "keepalive": 60,
+              "reconnect_min_s": 1, "reconnect_max_s": 5, "max_inflight": 20},
+    )
+
+
+def _first_round_params(specs: dict[str, Any]) -> dict[str, Any]:
+    """Round 1: the devices' own stream specs, and the first heavy-hitter step on ``country`` (top 2 of 6 bits)."""
+    from coordinator.schemas import HeavyHitterSpec
+
+    streams = json.loads(json.dumps(specs))
+    hh = HeavyHitterSpec(bits=HH_BITS, prefix_bits=0, step_bits=2, candidates=[0])
+    streams["country"]["heavy_hitters"] = hh.model_dump()
+    streams["country"]["params"] = {**streams["country"]["params"], "k": hh.k}
+    return {"streams": streams}
+
+
+@dataclass(frozen=True)
+class _BrokerAddress:
+    host: str
+    port: int
+    protocol: str
+
+
+def _fleet_worker(indices: list[int], data: DemoData, broker: _BrokerAddress, coord_pub: str, run_dir: str,
+                  current_round: Any, stop: Any, results: Any, connect_timeout: float) -> None:
+    """One worker process: its shard of agents under :func:`edge_agent.run_fleet` until ``stop`` is set.
+
+    Messages on ``results``: ``("enrol", [records])``, ``("ready", n_connected)``, ``("done", {spent, memo_hits})``
+    or ``("error", text)``.
+    """
+    try:
+        from edge_agent import Agent, run_fleet
+        from edge_agent.embed import enrolment, new_identity
+        from edge_agent.sources import CallableSource
+        from edge_agent.state import State
+
+        agents = [Agent(_device_config(i, Path(run_dir), broker, coord_pub),
+                        CallableSource(lambda i=i: data.reading(i, current_round.value)), secrets=new_identity())
+                  for i in indices]
+        results.put(("enrol", [enrolment(a.config, a.secrets) for a in agents]))
+        halt = threading.Event()
+        fleet = threading.Thread(target=run_fleet, args=(agents,),
+                                 kwargs={"stop": halt, "poll_s": 0.02, "drain_timeout": 15.0}, daemon=True)
+        fleet.start()
+        _wait_for(lambda: all(a.transport is not None and a.transport.connected.is_set() for a in agents),
+                  connect_timeout)
+        results.put(("ready", sum(a.transport is not None and a.transport.connected.is_set() for a in agents)))
+        while not stop.wait(0.2):
+            pass
+        halt.set()
+        fleet.join(60)
+        spent, hits = [], 0
+        for a in agents:
+            st = State(a.config.database_path)
+            try:
+                spent.append(st.spent())
+                hits += int(st.counters().get("memo_hits", 0))
+            finally:
+                st.close()
+        results.put(("done", {"spent": spent, "memo_hits": hits}))
+    except BaseException as exc:  # noqa: BLE001 - report any failure to the parent, which stops the demo
+        import traceback
+
+        results.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+class _Fleet:
+    """The worker processes of the demo's fleet (spawned: no inherited threads or sockets)."""
+
+    def __init__(self, data: DemoData, broker: Any, coord_pub: str, run_dir: Path, connect_timeout: float = 90.0):
+        n = data.n
+        procs = max(1, math.ceil(n / AGENTS_PER_PROCESS))
+        ctx = mp.get_context("spawn")
+        self.round = ctx.Value("i", 0)
+        self.stop = ctx.Event()
+        self.results = ctx.Queue()
+        addr = _BrokerAddress(broker.host, broker.port, broker.protocol)
+        shards = [list(range(n))[k::procs] for k in range(procs)]
+        self.procs = [ctx.Process(target=_fleet_worker, name=f"haarvest-demo-fleet-{k}",
+                                  args=(shard, data, addr, coord_pub, str(run_dir), self.round, self.stop,
+                                        self.results, connect_timeout), daemon=True)
+                      for k, shard in enumerate(shards)]
+        for p in self.procs:
+            p.start()
+
+    def collect(self, kind: str, timeout: float) -> list[Any]:
+        """One ``kind`` message from every worker (RuntimeError on a worker error or timeout)."""
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < len(self.procs):
+            try:
+                got, payload = self.results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"fleet workers did not report {kind!r} within {timeout:.0f} s") from None
+            if got == "error":
+                raise RuntimeError(f"a fleet worker failed: {payload}")
+            if got != kind:
+                raise RuntimeError(f"fleet worker sent {got!r}, expected {kind!r}")
+            out.append(payload)
+        return out
+
+    def close(self, timeout: float = 60.0) -> None:
+        self.stop.set()
+        for p in self.procs:
+            p.join(timeout)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return predicate()
+
+
+def _wait_round(coord: Any, round_id: str, expected: int, timeout: float, settle: float = 4.0) -> int:
+    """Wait until ``expected`` reports of the round are stored, or nothing new arrived for ``settle`` seconds."""
+    deadline = time.monotonic() + timeout
+    last, last_change = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        got = sum(c for (rid, _), c in coord.store.report_counts().items() if rid == round_id)
+        if got >= expected:
+            return got
+        if got != last:
+            last, last_change = got, time.monotonic()
+        elif got > 0 and time.monotonic() - last_change > settle:
+            return got
+        time.sleep(0.05)
+    return max(last, 0)
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.3e}"
+
+
+def _rows_for(rid: str, stream: str, est: Any, truth: list[float], level: float) -> list[dict[str, Any]]:
+    out = []
+    for j, label in enumerate(est.labels):
+        t = truth[j] if j < len(truth) else float("nan")
+        out.append({"round": rid, "stream": stream, "kind": est.kind, "item": label, "n": est.n, "true": t,
+                    "estimate": est.estimate[j], "ci_low": est.ci_low[j], "ci_high": est.ci_high[j],
+                    "stderr": est.stderr[j], "inside": bool(est.ci_low[j] - 1e-12 <= t <= est.ci_high[j] + 1e-12),
+                    "level": level})
+    return out
+
+
+def _shown(row: dict[str, Any]) -> bool:
+    """Printed rows: every numeric row; frequency items that matter (true or estimated ≥ 5%)."""
+    if row["kind"] in ("numeric", "vector", "haar"):
+        return True
+    return max(row["true"], row["estimate"]) >= 0.05
+
+
+def format_table(rows: list[dict[str, Any]], level: float) -> str:
+    head = f"{'round':<6} {'stream':<8} {'item':<10} {'true':>9} {'estimate':>9}  {int(level * 100)}% interval{'':<9} in CI"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if not _shown(r):
+            continue
+        ci = f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]"
+        lines.append(f"{r['round']:<6} {r['stream']:<8} {str(r['item'])[:10]:<10} {_fmt(r['true']):>9} "
+                     f"{_fmt(r['estimate']):>9}  {ci:<21} {'yes' if r['inside'] else 'NO'}")
+    return "\n".join(lines)
+
+
+def _html_table(rows: list[dict[str, Any]]) -> str:
+    body = "".join(
+        f"<tr><td>{html.escape(r['round'])}</td><td>{html.escape(r['stream'])}</td><td>{html.escape(str(r['item']))}</td>"
+        f"<td class=num>{r['n']}</td><td class=num>{_fmt(r['true'])}</td><td class=num>{_fmt(r['estimate'])}</td>"
+        f"<td class=num>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td>"
+        f"<td class='{'' if r['inside'] else 'miss'}'>{'yes' if r['inside'] else 'no'}</td></tr>"
+        for r in rows)
+    return ("<table><tr><th>round</th><th>stream</th><th>item</th><th>n</th><th>true</th><th>estimate</th>"
+            f"<th>interval</th><th>in CI</th></tr>{body}</table>")
+
+
+# ---------------------------------------------------------------------------------------------------- run
+
+
+def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
+    """Run the whole demo (see the module docstring); returns what it measured."""
+    from coordinator.schemas import parse_round_params
+    from coordinator.service import Coordinator, CoordinatorConfig
+    from edge_agent.pipeline import stream_specs
+    from simulations.broker import start_broker
+
+    t0 = time.monotonic()
+    out = Path(cfg.out)
+    run_dir = out / "run"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # every demo starts from fresh devices and a fresh coordinator
+    run_dir.mkdir(parents=True)
+    rng = np.random.default_rng(cfg.seed)
+    data = DemoData(cfg.agents, cfg.rounds, rng, load_adult_rows(cfg.adult_dir))
+    result = DemoResult(agents=cfg.agents)
+
+    broker = start_broker(run_dir / "broker", kind=cfg.broker)  # type: ignore[arg-type]
+    result.broker = f"{broker.kind} (MQTT {broker.protocol}) on {broker.host}:{broker.port}"
+    log(f"broker: {result.broker}")
+    coord: Any = None
+    fleet: _Fleet | None = None
+    history: list[tuple[str, dict[str, Any]]] = []
+    truth_by_round: dict[str, dict[str, list[float]]] = {}
+    done: list[dict[str, Any]] = []
+    try:
+        coord = Coordinator(CoordinatorConfig(
+            db=str(run_dir / "coordinator.db"), key_file=str(run_dir / "coordinator.key"), mqtt_host=broker.host,
+            mqtt_port=broker.port, mqtt_protocol=broker.protocol, client_id="haarvest-demo-coordinator",
+            http_port=0, batch_ms=10.0))
+        fleet = _Fleet(data, broker, coord.public_key, run_dir)
+        coord.start()
+        log(f"coordinator: dashboard {coord.http_url}/")
+        for records in fleet.collect("enrol", 120.0):
+            coord.import_devices(records)
+        n_conn = sum(fleet.collect("ready", 180.0))
+        result.setup_seconds = time.monotonic() - t0
+        log(f"fleet: {n_conn}/{cfg.agents} agents connected in {len(fleet.procs)} worker process(es) after "
+            f"{result.setup_seconds:.1f} s; each agent has its own state directory under {run_dir / 'agents'}")
+
+        specs = stream_specs(_device_config(0, run_dir, broker, coord.public_key))
+        params = parse_round_params(_first_round_params(specs))
+        n_streams = len(params.streams)
+        for r in range(cfg.rounds):
+            rid = f"r{r + 1}"
+            fleet.round.value = r
+            t_round = time.monotonic()
+            if r == 0:
+                rc = coord.open_round(rid, ROUND_EPSILON, params, protocol="demo")
+            else:  # planned from the published aggregates of the earlier rounds only (SPEC §5)
+                rc = coord.rounds.open_next_round(rid, ROUND_EPSILON, params, history, protocol="demo")
+            params = parse_round_params(rc.params)
+            got = _wait_round(coord, rid, cfg.agents * n_streams, cfg.round_timeout)
+            coord.close_round(rid)
+            est = coord.estimate(rid, level=cfg.level, consistency=False)
+            history.append((rid, est))
+            truth_by_round[rid] = {s: data.truth(r, params.streams[s], s) for s in params.streams}
+            rows = []
+            for stream in params.streams:
+                rows += _rows_for(rid, stream, est[stream], truth_by_round[rid][stream], cfg.level)
+            result.rows += rows
+            hh = params.streams["country"].heavy_hitters
+            info = {"round": rid, "reports": got, "expected": cfg.agents * n_streams,
+                    "seconds": time.monotonic() - t_round, "depends_on": list(rc.depends_on),
+                    "rounding": {s: p.rounding for s, p in params.streams.items() if p.rounding is not None},
+                    "heavy_hitters": None if hh is None else hh.model_dump()}
+            result.rounds.append(info)
+            log("")
+            log(f"round {rid}: {got}/{info['expected']} reports in {info['seconds']:.1f} s"
+                + (f"; planned from {', '.join(rc.depends_on)}" if rc.depends_on else ""))
+            if info["rounding"]:
+                log("  α-rounding steps: " + ", ".join(f"{s}={[round(x, 4) if x else x for x in v]}"
+                                                      for s, v in info["rounding"].items()))
+            if hh is not None:
+                cands = ", ".join(format(c, f"0{hh.prefix_bits}b") if hh.prefix_bits else "(root)" for c in hh.candidates)
+                log(f"  heavy hitters on country: next {hh.step_bits} bits of prefixes {cands} (k = {hh.k})")
+            log(format_table(rows, cfg.level))
+        result.metrics = coord.metrics_snapshot()
+        if coord.api is not None:
+            try:
+                with urllib.request.urlopen(coord.http_url + "/", timeout=10) as resp:
+                    dash = resp.read().decode()
+                result.dashboard_path = out / "dashboard.html"
+                result.dashboard_path.write_text(dash)
+            except OSError as exc:
+                log(f"(could not fetch the dashboard: {exc})")
+        fleet.stop.set()
+        done = fleet.collect("done", 120.0)
+        if cfg.serve:
+            log(f"\nserving the dashboard at {coord.http_url}/ — Ctrl-C to stop")
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        if fleet is not None:
+            fleet.close()
+        if coord is not None:
+            coord.close()
+        broker.stop()
+
+    spent = [x for d in done for x in d["spent"]]
+    hits = sum(int(d["memo_hits"]) for d in done)
+    result.spent = {"mean": float(np.mean(spent)) if spent else float("nan"),
+                    "max": float(np.max(spent)) if spent else float("nan"), "memo_hits": float(hits),
+                    "reports_per_device": float(len(history) * len(params.streams))}
+    result.seconds = time.monotonic() - t0
+    _write_outputs(cfg, result, history, truth_by_round)
+    m = result.metrics
+    log("")
+    log(f"coordinator: accepted {m.get('accepted')} reports, duplicates {m.get('duplicates')}, rejected "
+        f"{m.get('rejected_total')}; intervals covering the truth: {100 * result.coverage:.1f}% "
+        f"(nominal {100 * cfg.level:.0f}%)")
+    log(f"privacy spent per device (ledger): mean ε = {result.spent['mean']:.2f}, max ε = {result.spent['max']:.2f} "
+        f"for {int(result.spent['reports_per_device'])} reports ({hits} memo hits cost nothing)")
+    log(f"report: {result.report_path}   dashboard snapshot: {result.dashboard_path}")
+    log(f"done in {result.seconds:.1f} s ({cfg.agents} agents, {cfg.rounds} rounds)")
+    return result
+
+
+def _write_outputs(cfg: DemoConfig, result: DemoResult, history: list[tuple[str, dict[str, Any]]],
+                   truth: dict[str, dict[str, list[float]]]) -> None:
+    from coordinator.api import render_report
+
+    out = Path(cfg.out)
+    hist = [(rid, {s: e.to_dict() for s, e in est.items()}) for rid, est in history]
+    (out / "estimates.json").write_text(json.dumps({
+        "config": {"agents": cfg.agents, "rounds": cfg.rounds, "seed": cfg.seed, "level": cfg.level},
+        "broker": result.broker, "rounds": result.rounds, "estimates": dict(hist), "truth": truth,
+        "rows": result.rows, "spent": result.spent, "seconds": result.seconds}, indent=1, default=str))
+    rounds_html = "".join(
+        f"<tr><td>{html.escape(r['round'])}</td><td class=num>{r['reports']}/{r['expected']}</td>"
+        f"<td>{html.escape(', '.join(r['depends_on']))}</td>"
+        f"<td>{html.escape(json.dumps(r['rounding']))}</td>"
+        f"<td>{html.escape('' if r['heavy_hitters'] is None else json.dumps(r['heavy_hitters']))}</td></tr>"
+        for r in result.rounds)
+    body = (f"<p>{cfg.agents} agents, {cfg.rounds} rounds, broker {html.escape(result.broker)}, "
+            f"{result.seconds:.1f} s. Intervals covering the truth: {100 * result.coverage:.1f}% "
+            f"(nominal {100 * cfg.level:.0f}%). Privacy spent per device: mean ε = {result.spent['mean']:.2f}, "
+            f"max ε = {result.spent['max']:.2f}.</p>"
+            "<h2>Rounds</h2><table><tr><th>round</th><th>reports</th><th>planned from</th><th>rounding steps</th>"
+            f"<th>heavy-hitter step</th></tr>{rounds_html}</table>"
+            "<h2>True vs estimated</h2>" + _html_table(result.rows) + "<h2>Charts</h2>")
+    result.report_path = out / "report.html"
+    result.report_path.write_text(render_report("haarvest demo", hist, truth, body))
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+def register(subparsers: Any) -> None:
+    """``haarvest demo [--quick] [--agents N] [--rounds R] [--out DIR]``."""
+    p = subparsers.add_parser("demo", help="broker + coordinator + a fleet of agents replaying Adult, end to end",
+                              description="A broker, the coordinator and a fleet of real agents replaying Adult, "
+                                          "end to end on this machine (docs/demo.md).")
+    p.add_argument("--quick", action="store_true", help=f"CI size: {QUICK['agents']} agents, {QUICK['rounds']} rounds")
+    p.add_argument("--agents", type=int, default=None, help="number of agents (default 200)")
+    p.add_argument("--rounds", type=int, default=None, help="number of rounds (default 4)")
+    p.add_argument("--out", type=Path, default=Path("demo-output"), help="output directory (default %(default)s)")
+    p.add_argument("--broker", choices=("auto", "mosquitto", "amqtt"), default="auto")
+    p.add_argument("--seed", type=int, default=DemoConfig.seed)
+    p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals")
+    p.add_argument("--serve", action="store_true", help="keep the dashboard up after the rounds (Ctrl-C to stop)")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from simulations.broker import BrokerUnavailable
+
+    agents = args.agents if args.agents is not None else (QUICK["agents"] if args.quick else 200)
+    rounds = args.rounds if args.rounds is not None else (QUICK["rounds"] if args.quick else 4)
+    if agents < 2 or rounds < 1:
+        print("haarvest demo: need --agents >= 2 and --rounds >= 1")
+        return 2
+    if not 0 < args.level < 1:
+        print("haarvest demo: --level must lie in (0, 1)")
+        return 2
+    cfg = DemoConfig(agents=agents, rounds=rounds, out=args.out, quick=args.quick, seed=args.seed,
+                     broker=args.broker, level=args.level, serve=args.serve)
+    try:
+        run_demo(cfg)
+    except (BrokerUnavailable, FileNotFoundError) as exc:
+        print(f"haarvest demo: {exc}")
+        return 1
+    return 0
