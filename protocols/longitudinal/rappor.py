@@ -244,9 +244,8 @@ class RAPPOR(LongitudinalProtocol):
         if cohorts.min() < 0 or cohorts.max() >= self.num_cohorts:
             raise ValueError(f"cohorts must lie in [0, {self.num_cohorts})")
         n_c = np.bincount(cohorts, minlength=self.num_cohorts)
-        order = np.argsort(cohorts, kind="stable")
-        sums = np.add.reduceat(bits[order].astype(np.int64), np.r_[0, np.cumsum(n_c)[:-1]], axis=0)
-        counts = np.where(n_c[:, None] > 0, sums, 0)
+        counts = np.zeros((self.num_cohorts, self.num_bits), dtype=np.int64)
+        np.add.at(counts, cohorts, bits.astype(np.int64))  # empty cohorts stay 0
         base = self.p + (self.q - self.p) * self.f / 2
         t_hat = (counts - base * n_c[:, None]) / ((1 - self.f) * (self.q - self.p))
         return t_hat, n_c

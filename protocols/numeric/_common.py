@@ -20,7 +20,7 @@ __all__ = [
 
 #: Largest ε accepted by mechanisms whose probabilities involve e^ε: beyond it 1/(e^ε + 1) < 2e-22 and the
 #: exact-ratio arithmetic (and e^ε itself, past ε ≈ 709) breaks down; such a budget protects nothing anyway.
-MAX_EPSILON = 50.0
+MAX_EPSILON = 20.0  # beyond ~36, 1/(e^ε+1) underflows double precision and outputs become deterministic
 
 
 def check_bounded_epsilon(epsilon: Any) -> float:
