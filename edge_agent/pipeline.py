@@ -40,7 +40,9 @@ stream's dimensions in order, its ``bounds`` equal the device's declared bounds 
 bounds — :class:`SpecMismatch` ``bounds``), and it spends at most the device's ε (ε∞ and ε1 for longitudinal
 streams). A spec's ``rounding`` steps (public, planned from earlier aggregates) replace the device's own epoch
 steps for that report: ``y = lo + ⌊(x − lo)/step + u⌋·step`` with the device's life-long offset u; ``null`` = the
-exact value. :func:`stream_specs` gives the specs a device accepts as configured.
+exact value. Heavy-hitter prefix rounds map the value to the round's item
+(:func:`coordinator.schemas.heavy_hitter_items`; the candidates are part of the memo spec). :func:`stream_specs`
+gives the specs a device answers exactly as configured.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
 
 class SpecMismatch(ValueError):
     """A round's stream spec this device will not follow. ``reason``: malformed | kind | dims | bounds | epsilon |
-    shape | mechanism | rounding | unsupported."""
+    shape | mechanism | rounding."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
