@@ -576,7 +576,7 @@ def _main(args: argparse.Namespace) -> int:
                      broker=args.broker, level=args.level, serve=args.serve)
     try:
         run_demo(cfg)
-    except (BrokerUnavailable, FileNotFoundError) as exc:
+    except (BrokerUnavailable, FileNotFoundError, ValueError) as exc:  # no broker; Adult missing or malformed
         print(f"haarvest demo: {exc}")
         return 1
     return 0
