@@ -2,8 +2,8 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-EXTRAS ?= dev,eval,flower-sim
+EXTRAS ?= dev,eval,broker,flower-sim
+STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | cksum | cut -d" " -f1)
 
 .PHONY: demo test audit bench eval venv clean
 
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/haarvest demo
+	$(BIN)/haarvest demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
@@ -25,7 +25,7 @@ audit: $(STAMP)
 	HAARVEST_AUDIT_TRIALS=1000000 $(BIN)/python -m pytest -q tests/audit -m "slow or not slow"
 
 bench:
-	$(MAKE) EXTRAS=dev,eval,bench,flower-sim venv
+	$(MAKE) EXTRAS=dev,eval,broker,bench,flower-sim venv
 	$(BIN)/python -m simulations.bench $(BENCH_ARGS)
 
 eval: $(STAMP)
