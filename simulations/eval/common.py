@@ -193,6 +193,7 @@ class Section:
     findings: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    headline: list[str] = field(default_factory=list)  # one or two plain sentences for the report's summary
 
     def to_markdown(self, img_prefix: str = "img") -> str:
         parts = [f"## {self.title}", "", self.setup.strip(), ""]
@@ -235,7 +236,10 @@ def pyplot() -> Any:
 
 @dataclass(frozen=True)
 class Panel:
-    """One axes of a line plot: ``series[label] = (means, stds)`` over ``x``; ``reference`` adds dotted lines."""
+    """One axes of a line plot: ``series[label] = (means, stds)`` over ``x``; ``reference`` adds dotted lines.
+
+    Error bars are ± std; on a log axis the lower bar is cut at 90 % of the mean (mean - std may be ≤ 0).
+    """
 
     x: Sequence[float]
     series: Mapping[str, tuple[Sequence[float], Sequence[float]]]
@@ -249,16 +253,25 @@ class Panel:
 
 
 def _draw_panel(ax: Any, panel: Panel) -> None:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if len(panel.series) <= 10 else "tab20"]
     for i, (label, (means, stds)) in enumerate(panel.series.items()):
         m = np.asarray(means, dtype=float)
         s = np.asarray(stds, dtype=float)
         style = "--" if panel.dashed is not None and panel.dashed(label) else "-"
-        ax.errorbar(panel.x, m, yerr=s, label=label, marker=_MARKERS[i % len(_MARKERS)], linestyle=style,
-                    capsize=3, markersize=5, linewidth=1.4)
+        lower = np.minimum(s, 0.9 * m) if panel.logy else s  # a log axis cannot show mean - std <= 0
+        ax.errorbar(panel.x, m, yerr=np.vstack([lower, s]), label=label, marker=_MARKERS[i % len(_MARKERS)],
+                    linestyle=style, capsize=3, markersize=5, linewidth=1.4, color=cmap(i % cmap.N))
     for label, values in (panel.reference or {}).items():
         ax.plot(panel.x, values, linestyle=":", color="0.35", linewidth=1.0, label=label)
     if panel.logx:
+        import matplotlib.ticker
+
         ax.set_xscale("log")
+        ax.set_xticks(list(panel.x))
+        ax.set_xticklabels([f"{v:g}" for v in panel.x])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     if panel.logy:
         ax.set_yscale("log")
     ax.set_xlabel(panel.xlabel)

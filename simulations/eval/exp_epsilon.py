@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from protocols.haar import padded_size
 from simulations.datasets import load_adult
 from simulations.eval.common import (
     EvalConfig,
@@ -83,8 +84,9 @@ def run(config: EvalConfig) -> Section:
     panel_plot(config.img_dir / "exp1_mse_vs_epsilon.png", [
         Panel(eps_list, series_of(attr, eps_list), xlabel, "per-attribute MSE of the mean (scale [-1,1])",
               f"Adult, {len(num_cols)} numeric attributes: per-attribute means"),
-        Panel(eps_list, series_of(overall, eps_list), xlabel, "squared error of the overall mean",
-              "the overall mean of the numeric attributes"),
+        Panel(eps_list, {k: ([v[e] for e in eps_list], [0.0] * len(eps_list)) for k, v in theory_overall.items()},
+              xlabel,
+              "MSE of the overall mean (exact)", "the overall mean of the numeric attributes (analytic)"),
     ])
     line_plot(
         config.img_dir / "exp1_tvd_vs_epsilon.png",
@@ -129,18 +131,31 @@ block — the numeric block (all {len(num_cols)} numeric attributes together) wi
 or one categorical attribute with probability 1/{adult.d} each — and spends the **full ε** on it (one ε-LDP report per
 user). Numeric values are normalised from [0, size−1] to [−1, 1]; errors are against the population means, so the
 block draw's sampling error (included in the analytic columns) is common to all methods. The Haar record's overall
-mean is (D/d)·m̂ (the padded leaves are known zeros); the other methods average their coordinate estimates. Categorical marginals: GRR,
+mean is (D/d)·m̂ (the padded leaves are known zeros); the other methods average their coordinate estimates.
+Categorical marginals: GRR,
 OUE, OLH and Hadamard response, each projected onto the simplex; TVD averaged over the categorical attributes.
 ε ∈ {{{', '.join(f'{e:g}' for e in eps_list)}}}; {reps} repetitions.
 """
+    attr_ratio = [theory["Haar record"][e] / theory["HM k-sampling"][e] for e in eps_list]
+    total_ratio = [min(theory_overall["Haar record"][e], theory_overall["Haar record, split for the total"][e])
+                   / theory_overall["HM k-sampling"][e] for e in eps_list]
+    headline = [
+        f"Adult's {len(num_cols)} numeric attributes, ε = {eps_list[0]:g}…{eps_list[-1]:g}: HM/PM k-sampling give the "
+        f"lowest per-attribute error; the Haar record's is ×{min(attr_ratio):.1f}–{max(attr_ratio):.1f} HM "
+        f"k-sampling's (exact), and its overall mean ×{min(total_ratio):.1f}–{max(total_ratio):.1f} (d = "
+        f"{len(num_cols)} pads to D = {padded_size(len(num_cols))}). Categorical marginals do not depend on the "
+        f"numeric method: OLH/OUE/HR lead at small ε, GRR at large ε (small domains).",
+    ]
     return Section(
         NAME,
         TITLE,
         setup,
+        headline=headline,
         tables=[mse_table, tvd_table],
         figures=[
             Figure("exp1_mse_vs_epsilon.png",
-                   "Experiment 1: per-attribute MSE of the numeric means (left) and squared error of their overall mean "
+                   "Experiment 1: per-attribute MSE of the numeric means (left, measured; bars ± std) and the exact "
+                   "MSE of their overall mean "
                    "(right) versus ε (Adult)."),
             Figure("exp1_tvd_vs_epsilon.png",
                    "Experiment 1: average TVD of the categorical marginals versus ε (Adult)."),

@@ -218,7 +218,8 @@ def haar_versus_hm(attribute: dict[str, float], overall: dict[str, float], d: in
     best_overall = min(overall, key=overall.get)  # type: ignore[arg-type]
     haar_total = min(overall["Haar record"], overall["Haar record, split for the total"])
     return (
-        f"Haar record / HM k-sampling (analytic): per attribute ×{haar / hm:.1f} (1 + log2 D = {1 + D.bit_length() - 1}), "
+        f"Haar record / HM k-sampling (analytic): per attribute ×{haar / hm:.1f} "
+        f"(1 + log2 D = {D.bit_length()}), "
         f"overall mean ×{haar_total / overall['HM k-sampling']:.2f} (best Haar split); "
         f"lowest analytic overall-mean error: {best_overall}."
     )
