@@ -1,8 +1,8 @@
-"""The mechanisms the evaluation compares, each with the audit that verifies its ε.
+"""The mechanisms the evaluation compares, the audits that verify their ε, and the mean-error computations.
 
 Only mechanisms whose ε is checked exactly (tests/unit) and empirically (tests/audit) are compared; :data:`AUDITS`
-names the audit test of each, and :func:`audit_rows` checks that the named test file exists so the report never
-cites a missing audit.
+names the audit test of each (the report's audit table), and :func:`audit_rows` checks that every test file it names
+exists so the report never cites a missing audit.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from protocols.frequency import GRR, OLH, OUE, HadamardResponse
-from protocols.numeric import DuchiMultiDim, KSampling
 from protocols.haar import haar_forward, padded_size
+from protocols.numeric import DuchiMultiDim, KSampling
 from protocols.pipeline import AutoRecord, HaarRecord
 from protocols.pipeline.auto import query_variance
 from simulations.eval.common import Stat, summarise
@@ -79,11 +79,6 @@ class VectorMethod:
     key: str
     label: str
     make: Callable[[float, int], Any]
-    audit_key: str = ""
-
-    @property
-    def audit(self) -> str:
-        return AUDITS[self.audit_key or self.label]
 
 
 VECTOR_METHODS: dict[str, VectorMethod] = {
@@ -91,12 +86,12 @@ VECTOR_METHODS: dict[str, VectorMethod] = {
     for m in (
         VectorMethod("haar", "Haar record", lambda eps, d: HaarRecord(eps, d)),
         VectorMethod("haar_total", "Haar record, split for the total",
-                     lambda eps, d: HaarRecord(eps, d, split_objective="total"), "Haar record"),
+                     lambda eps, d: HaarRecord(eps, d, split_objective="total")),
         VectorMethod("hm", "HM k-sampling", lambda eps, d: KSampling(eps, d, "hybrid")),
         VectorMethod("pm", "PM k-sampling", lambda eps, d: KSampling(eps, d, "piecewise")),
         VectorMethod("duchi", "Duchi multi-dim", lambda eps, d: DuchiMultiDim(eps, d)),
-        VectorMethod("auto", "auto (mean query)", lambda eps, d: AutoRecord(eps, d, "mean"), "auto"),
-        VectorMethod("auto_total", "auto (total query)", lambda eps, d: AutoRecord(eps, d, "total"), "auto"),
+        VectorMethod("auto", "auto (mean query)", lambda eps, d: AutoRecord(eps, d, "mean")),
+        VectorMethod("auto_total", "auto (total query)", lambda eps, d: AutoRecord(eps, d, "total")),
     )
 }
 
