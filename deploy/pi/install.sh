@@ -244,7 +244,10 @@ fi
 
 # --- identity -------------------------------------------------------------------------------------------------
 if [ "$ENROLL" -eq 1 ]; then
-  as_agent "$HAARVEST" agent enroll --config "$CONF" >"$ETC/enrollment.json.tmp"
+  if ! as_agent "$HAARVEST" agent enroll --config "$CONF" >"$ETC/enrollment.json.tmp"; then
+    rm -f "$ETC/enrollment.json.tmp"
+    die "haarvest agent enroll failed (is $HAARVEST usable by the haarvest user?)"
+  fi
   mv "$ETC/enrollment.json.tmp" "$ETC/enrollment.json"
   chmod 0644 "$ETC/enrollment.json"
   say "device identity in $STATE; enrolment for the coordinator in $ETC/enrollment.json:"
