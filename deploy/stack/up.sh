@@ -135,6 +135,8 @@ done
 # allow_anonymous only concerns the loopback listener below, where the coordinator connects without a
 # certificate; the ACL grants anonymous clients the coordinator's topics.
 listener $MQTT_PORT 127.0.0.1
+persistence true
+persistence_location $BROKER_DIR/data/
 log_dest file $BROKER_DIR/mosquitto.log
 log_type error
 log_type warning
