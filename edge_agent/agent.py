@@ -251,6 +251,7 @@ class Agent:
                 make_payload=self._payload(p, round_id),
                 memoize=p.memoize,
                 refresh=p.refresh,
+                delta=p.delta,
             )
             for p in prepared_list
         ]
@@ -261,6 +262,7 @@ class Agent:
             max_pending=self.config.outbox.max_pending,
             counters=counters,
             now=self.clock(),
+            delta_cap=self.config.ledger.delta_cap,
         )
         for prepared, result in zip(prepared_list, results):
             if isinstance(result, Refused):

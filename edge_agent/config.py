@@ -15,6 +15,7 @@ Layout (see ``docs/agent.md`` for a complete example)::
     total_cap = 200.0
     stream_cap = 50.0
     renewal_period_s = 2592000      # optional: caps apply to any sliding window of this length
+    # delta_cap = 1e-6              # required only by (ε, δ) mechanisms (gaussian): the most Σδ per window
 
     [[dimensions]]
     name = "cpu"
@@ -234,10 +235,15 @@ class LedgerConfig(_Model):
     total_cap: float = Field(gt=0, description="the most ε this device spends in all (per renewal window)")
     stream_cap: float | None = Field(None, gt=0, description="default per-stream cap")
     renewal_period_s: float | None = Field(None, gt=0, description="caps apply to any sliding window this long")
+    delta_cap: float | None = Field(
+        None, gt=0, lt=1,
+        description="the most δ this device spends in all (per renewal window) on (ε, δ) mechanisms (Gaussian); "
+                    "required by streams whose mechanism has δ > 0",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "LedgerConfig":
-        for name in ("total_cap", "stream_cap", "renewal_period_s"):
+        for name in ("total_cap", "stream_cap", "renewal_period_s", "delta_cap"):
             _finite(getattr(self, name), name)
         if self.stream_cap is not None and self.stream_cap > self.total_cap:
             raise ValueError(f"stream_cap ({self.stream_cap}) exceeds total_cap ({self.total_cap})")

@@ -37,8 +37,10 @@ reported as ``hybrid``.
 **Round specs** (the coordinator's :class:`coordinator.schemas.StreamSpec`, the single contract): a device answers
 a stream of a round with the round's mechanism only if the spec's kind fits the stream, its ``dims`` are the
 stream's dimensions in order, its ``bounds`` equal the device's declared bounds (a device never adopts other
-bounds — :class:`SpecMismatch` ``bounds``), and it spends at most the device's ε (ε∞ and ε1 for longitudinal
-streams). A spec's ``rounding`` steps (public, planned from earlier aggregates) replace the device's own epoch
+bounds — :class:`SpecMismatch` ``bounds``), and the *built* mechanism spends at most the device's ε (ε∞ and ε1
+for longitudinal streams). A round may select an (ε, δ) mechanism (Gaussian) only if the device's own stream uses
+that mechanism and the round's δ is at most the device's (``delta``); the ledger records the δ of every such charge
+and caps Σδ by ``ledger.delta_cap``. A spec's ``rounding`` steps (public, planned from earlier aggregates) replace the device's own epoch
 steps for that report: ``y = lo + ⌊(x − lo)/step + u⌋·step`` with the device's life-long offset u; ``null`` = the
 exact value. Heavy-hitter prefix rounds map the value to the round's item
 (:func:`coordinator.schemas.heavy_hitter_items`; the candidates are part of the memo spec). :func:`stream_specs`
@@ -91,7 +93,7 @@ AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
 
 class SpecMismatch(ValueError):
     """A round's stream spec this device will not follow. ``reason``: malformed | kind | dims | bounds | epsilon |
-    shape | mechanism | rounding."""
+    delta | shape | mechanism | rounding | labels."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -134,6 +136,7 @@ class StreamPlan:
     rounding: tuple[float | None, ...] | None = None
     epsilon_1: float | None = None
     heavy_hitters: HeavyHitterSpec | None = None
+    delta: float = 0.0  # δ of an (ε, δ) mechanism (Gaussian); 0 for pure ε-LDP
 
     @property
     def name(self) -> str:
@@ -191,6 +194,7 @@ class PreparedReport:
     memoize: bool
     make_body: Callable[[], dict[str, Any]] = field(repr=False)
     refresh: bool = False
+    delta: float = 0.0
 
 
 def memo_key(secret: bytes, stream: str, spec: str, canonical_values: list[Any]) -> str:
@@ -301,6 +305,12 @@ def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
     epsilon = cfg.stream_epsilon(stream)
     name, params, mech = choose_mechanism(stream, dims, epsilon)
     spec = wire.canonical_json({"mechanism": name, "params": params}).decode()
+    delta = 0.0 if stream.longitudinal else _mechanism_delta(mech)
+    if delta > 0:
+        cap = cfg.ledger.delta_cap
+        if cap is None or delta > cap:
+            raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} has δ = {delta:g}; set ledger.delta_cap "
+                              f"(the most Σδ the device spends) to at least that (now {cap})")
     return StreamPlan(
         config=stream,
         dimensions=dims,
@@ -311,7 +321,13 @@ def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
         epsilon=epsilon,
         cap=cfg.stream_cap(stream),
         epsilon_1=float(stream.epsilon_1) if stream.longitudinal else None,  # type: ignore[arg-type]
+        delta=delta,
     )
+
+
+def _mechanism_delta(mech: Any) -> float:
+    """δ of a built mechanism (0 for pure ε-LDP ones)."""
+    return float(getattr(mech, "delta", 0.0) or 0.0)
 
 
 def stream_specs(cfg: AgentConfig) -> dict[str, dict[str, Any]]:
@@ -381,6 +397,18 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
             raise SpecMismatch("shape", f"stream {name!r}: the round asks for a vector mechanism for one dimension")
     elif getattr(mech, "d", None) != len(base.dimensions):
         raise SpecMismatch("shape", f"stream {name!r}: the round's d does not match the stream's dimensions")
+    # the BUILT mechanism's guarantee is what privatize spends: ε within the device's, and no (ε, δ) mechanism
+    # unless the device's own configuration uses that mechanism with at least that small a δ
+    epsilon = float(spec.epsilon)
+    if spec.kind != "longitudinal":
+        epsilon = float(getattr(mech, "epsilon", math.inf))
+        if not epsilon <= base.epsilon * (1 + tol):
+            raise SpecMismatch("epsilon", f"stream {name!r}: the round's mechanism spends ε={epsilon:g}, "
+                                          f"the device allows at most {base.epsilon:g}")
+    delta = 0.0 if spec.kind == "longitudinal" else _mechanism_delta(mech)
+    if delta > 0 and (mech_name != base.mechanism_name or not delta <= base.delta * (1 + tol)):
+        raise SpecMismatch("delta", f"stream {name!r}: the round asks for an (ε, δ) mechanism ({mech_name}, "
+                                    f"δ={delta:g}); the device's own is {base.mechanism_name} with δ={base.delta:g}")
     if spec.kind == "longitudinal":
         params = mech.params()
     spec_data: dict[str, Any] = {"mechanism": mech_name, "params": params}
@@ -388,7 +416,7 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
         spec_data["heavy_hitters"] = hh.model_dump()
     spec_json = wire.canonical_json(spec_data).decode()
     return replace(base, mechanism_name=mech_name, params=params, spec=spec_json, mechanism=mech,
-                   epsilon=float(spec.epsilon), rounding=rounding, heavy_hitters=hh,
+                   epsilon=epsilon, delta=delta, rounding=rounding, heavy_hitters=hh,
                    epsilon_1=float(params["epsilon_1"]) if spec.kind == "longitudinal" else None)
 
 
@@ -753,6 +781,7 @@ class Pipeline:
                     memoize=plan.config.memoize,
                     make_body=make_body,
                     refresh=refresh,
+                    delta=plan.delta,
                 )
             )
         return out

@@ -2,8 +2,10 @@
 
 Tables:
 
-* ``ledger`` — append-only privacy charges ``(id, ts, stream, round_id, epsilon, memo_key, seq, mechanism)``;
-  triggers abort any UPDATE or DELETE. The ledger is the device's authority (SPEC §4).
+* ``ledger`` — append-only privacy charges ``(id, ts, stream, round_id, epsilon, memo_key, seq, mechanism,
+  delta)``; triggers abort any UPDATE or DELETE. The ledger is the device's authority (SPEC §4). ``delta`` is the
+  δ of an (ε, δ) charge (NULL for pure ε-LDP mechanisms); added in schema version 2 (a version-1 database is
+  migrated in place by ``ALTER TABLE ... ADD COLUMN``, its old rows keep NULL).
 * ``memo`` — memoized noisy report bodies keyed by ``HMAC-SHA256(device secret, stream ‖ spec ‖ rounded value)``
   (hex). Raw readings are never stored anywhere.
 * ``outbox`` — signed report payloads by sequence number, status ``pending`` → ``sent`` (on PUBACK) or
@@ -19,7 +21,9 @@ report, so one refused stream does not undo the others), so after any crash eith
 does; nothing is published except from a committed outbox row. One commit = one fsync per round. Invariant (checked by
 :meth:`State.check_invariants` and the crash test): ``Σ ledger.epsilon = Σ outbox.epsilon + compacted_epsilon``.
 
-Caps: a new charge is refused when ``spent(stream) + ε > stream_cap`` or ``spent(all) + ε > total_cap``, where
+Caps: a new charge is refused when ``spent(stream) + ε > stream_cap`` or ``spent(all) + ε > total_cap`` (and, for an
+(ε, δ) charge, when ``Σ δ + δ > delta_cap`` — basic composition adds the δs; no δ cap configured refuses every
+δ > 0 charge), where
 "spent" sums the whole ledger, or — with a renewal period P — the charges of the last P seconds (a sliding window:
 at no time has the device spent more than the cap within any window of length P). Ledger timestamps never go
 backwards (``ts = max(now, last ts)``), so a clock stepped back cannot re-open budget; a clock stepped *forward*
@@ -37,7 +41,7 @@ from typing import Any, Callable, Iterator
 
 __all__ = ["State", "Refused", "Commit", "ReportRequest", "OutboxRow", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value NOT NULL);
@@ -49,7 +53,8 @@ CREATE TABLE IF NOT EXISTS ledger (
     epsilon REAL NOT NULL CHECK (epsilon > 0),
     memo_key TEXT NOT NULL,
     seq INTEGER NOT NULL,
-    mechanism TEXT NOT NULL
+    mechanism TEXT NOT NULL,
+    delta REAL CHECK (delta IS NULL OR (delta > 0 AND delta < 1))
 );
 CREATE INDEX IF NOT EXISTS ledger_stream_ts ON ledger (stream, ts);
 CREATE INDEX IF NOT EXISTS ledger_round ON ledger (round_id);
@@ -87,7 +92,8 @@ CREATE TABLE IF NOT EXISTS rounds (round_id TEXT PRIMARY KEY, received REAL NOT 
 
 
 class Refused(Exception):
-    """A report the device will not send. ``reason``: total_cap | stream_cap | round_budget | outbox_full."""
+    """A report the device will not send. ``reason``: total_cap | stream_cap | delta_cap | round_budget |
+    outbox_full | too_large."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -124,6 +130,7 @@ class ReportRequest:
     round_cap: float | None = None
     memoize: bool = True
     refresh: bool = False  # longitudinal: a memo hit still calls make_body() (a fresh IRR), charging 0
+    delta: float = 0.0  # δ of an (ε, δ) mechanism (Gaussian); recorded in the ledger and capped by delta_cap
 
 
 @dataclass(frozen=True)
@@ -148,8 +155,23 @@ class State:
             cur = self._get("schema_version")
             if cur is None:
                 self._set("schema_version", SCHEMA_VERSION)
-            elif int(cur) != SCHEMA_VERSION:
+            elif int(cur) > SCHEMA_VERSION or int(cur) < 1:
                 raise RuntimeError(f"{self.path}: schema version {cur}, this agent understands {SCHEMA_VERSION}")
+            elif int(cur) < SCHEMA_VERSION:
+                self._migrate(int(cur))
+
+    def _migrate(self, version: int) -> None:
+        """Upgrade a database of an older schema version in place (inside the caller's transaction).
+
+        1 → 2: ``ledger.delta`` (nullable; existing charges are pure ε and keep NULL).
+        """
+        if version < 2:
+            cols = {row[1] for row in self._db.execute("PRAGMA table_info(ledger)").fetchall()}
+            if "delta" not in cols:
+                self._db.execute(
+                    "ALTER TABLE ledger ADD COLUMN delta REAL CHECK (delta IS NULL OR (delta > 0 AND delta < 1))"
+                )
+        self._set("schema_version", SCHEMA_VERSION)
 
     # --- plumbing -----------------------------------------------------------------------------------------
 
@@ -235,6 +257,7 @@ class State:
         max_pending: int,
         counters: dict[str, int] | None = None,
         now: float | None = None,
+        delta_cap: float | None = None,
         **request: Any,
     ) -> Commit:
         """One report in its own transaction (see :meth:`commit_reports`); raises :class:`Refused`."""
@@ -245,6 +268,7 @@ class State:
             max_pending=max_pending,
             counters=counters,
             now=now,
+            delta_cap=delta_cap,
         )
         if isinstance(result, Refused):
             raise result
@@ -259,13 +283,15 @@ class State:
         max_pending: int,
         counters: dict[str, int] | None = None,
         now: float | None = None,
+        delta_cap: float | None = None,
     ) -> list["Commit | Refused"]:
         """Charge (or reuse), record and enqueue reports atomically — ONE transaction for the whole batch.
 
         For each request, inside a SAVEPOINT: refuse if the outbox holds ``max_pending`` pending rows; look the
         memo key up (hit: reuse the stored body — or, with ``refresh``, a fresh ``make_body()`` such as a
         longitudinal protocol's new IRR of its memoized PRR — charge 0); on a miss check the caps (stream, total, round),
-        call ``make_body()`` (privatize), append the ledger charge and store the memo entry; then
+        (and ``delta_cap`` for a request with δ > 0), call ``make_body()`` (privatize), append the ledger charge (ε,
+        and δ when positive) and store the memo entry; then
         ``make_payload(seq, body)`` signs the report and the outbox row and ``next_seq`` are written. A refused
         request rolls back to its savepoint (nothing of it remains but the ``refused_<reason>`` counter) and the
         others go on. The batch commits once (one fsync); a crash at any point leaves all of it or none of it.
@@ -279,7 +305,8 @@ class State:
             for i, req in enumerate(requests):
                 db.execute(f"SAVEPOINT r{i}")
                 try:
-                    results.append(self._commit_one(db, req, total_cap, renewal_period_s, max_pending, now))
+                    results.append(self._commit_one(db, req, total_cap, renewal_period_s, max_pending, now,
+                                                    delta_cap))
                 except Refused as exc:
                     db.execute(f"ROLLBACK TO SAVEPOINT r{i}")
                     self._add(f"count.refused_{exc.reason}", 1)
@@ -295,6 +322,7 @@ class State:
         renewal_period_s: float | None,
         max_pending: int,
         now: float,
+        delta_cap: float | None = None,
     ) -> Commit:
         pending = db.execute("SELECT COUNT(*) FROM outbox WHERE status = 'pending'").fetchone()[0]
         if pending >= max_pending:
@@ -307,13 +335,18 @@ class State:
             db.execute("UPDATE memo SET hits = hits + 1, last_used = ? WHERE key = ?", (now, req.memo_key))
         else:
             charged = float(req.epsilon)
+            delta = float(req.delta)
             self._check_caps(db, req.stream, req.round_id, charged, req.stream_cap, total_cap, req.round_cap,
                              renewal_period_s, now)
+            if delta > 0:
+                self._check_delta_cap(db, delta, delta_cap, renewal_period_s, now)
             body = req.make_body()
             last_ts = db.execute("SELECT MAX(ts) FROM ledger").fetchone()[0]
             db.execute(
-                "INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (max(now, last_ts or 0.0), req.stream, req.round_id, charged, req.memo_key, seq, req.mechanism),
+                "INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism, delta) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (max(now, last_ts or 0.0), req.stream, req.round_id, charged, req.memo_key, seq, req.mechanism,
+                 delta if delta > 0 else None),
             )
             if req.memoize:
                 db.execute(
@@ -358,6 +391,19 @@ class State:
             ).fetchone()[0]
             if spent_round + eps > round_cap + tol:
                 raise Refused("round_budget", f"round {round_id!r} spent {spent_round:.6g} + {eps:.6g} > {round_cap:.6g}")
+
+    def _check_delta_cap(
+        self, db: sqlite3.Connection, delta: float, delta_cap: float | None, period: float | None, now: float
+    ) -> None:
+        """Basic composition of (ε, δ) charges: ``Σ δ (window) + δ ≤ delta_cap``; no cap refuses any δ > 0."""
+        if not (0 < delta < 1):
+            raise Refused("delta_cap", f"δ = {delta!r} is not in (0, 1)")
+        if delta_cap is None:
+            raise Refused("delta_cap", "an (ε, δ) charge needs ledger.delta_cap")
+        since = -float("inf") if period is None else now - period
+        spent = db.execute("SELECT COALESCE(SUM(delta), 0) FROM ledger WHERE ts > ?", (since,)).fetchone()[0]
+        if spent + delta > delta_cap * (1 + 1e-12):
+            raise Refused("delta_cap", f"spent δ {spent:.6g} + {delta:.6g} > cap {delta_cap:.6g}")
 
     # --- outbox -------------------------------------------------------------------------------------------
 
@@ -429,7 +475,7 @@ class State:
     # --- inspection ---------------------------------------------------------------------------------------
 
     def ledger_rows(self, stream: str | None = None, limit: int | None = None) -> Iterator[dict[str, Any]]:
-        sql = "SELECT id, ts, stream, round_id, epsilon, memo_key, seq, mechanism FROM ledger"
+        sql = "SELECT id, ts, stream, round_id, epsilon, memo_key, seq, mechanism, delta FROM ledger"
         args: list[Any] = []
         if stream:
             sql += " WHERE stream = ?"
@@ -438,7 +484,7 @@ class State:
         if limit:
             sql += " LIMIT ?"
             args.append(int(limit))
-        cols = ("id", "ts", "stream", "round_id", "epsilon", "memo_key", "seq", "mechanism")
+        cols = ("id", "ts", "stream", "round_id", "epsilon", "memo_key", "seq", "mechanism", "delta")
         rows = self._db.execute(sql, args).fetchall()
         for row in reversed(rows):
             yield dict(zip(cols, row))
@@ -449,6 +495,12 @@ class State:
             sql += " AND stream = ?"
             args.append(stream)
         return float(self._db.execute(sql, args).fetchone()[0])
+
+    def spent_delta(self, since: float | None = None) -> float:
+        """Σ δ of the ledger's (ε, δ) charges (after ``since``)."""
+        row = self._db.execute("SELECT COALESCE(SUM(delta), 0) FROM ledger WHERE ts > ?",
+                               (since if since is not None else -1e300,)).fetchone()
+        return float(row[0])
 
     def spent_by_stream(self) -> dict[str, float]:
         rows = self._db.execute("SELECT stream, SUM(epsilon) FROM ledger GROUP BY stream ORDER BY stream").fetchall()
@@ -491,6 +543,7 @@ class State:
             "boot": self.boot,
             "next_seq": self.next_seq,
             "spent_total": self.spent(),
+            "spent_delta": self.spent_delta(),
             "spent_by_stream": self.spent_by_stream(),
             "outbox": self.outbox_totals(),
             "memo_entries": int(self._db.execute("SELECT COUNT(*) FROM memo").fetchone()[0]),

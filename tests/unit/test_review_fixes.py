@@ -1,0 +1,104 @@
+"""Regression tests for the review of the device/coordinator code (one section per finding)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+from edge_agent.agent import Agent
+from edge_agent.config import ConfigError
+from edge_agent.embed import categorical, new_identity, numeric, simple_config
+from edge_agent.pipeline import Pipeline
+from edge_agent.sources import CallableSource
+from edge_agent.state import SCHEMA_VERSION, State
+from protocols import wire
+
+COORD = wire.generate_signing_key()
+SECRET = bytes(range(32))
+
+
+def _cfg(tmp_path, dims, streams, ledger=None, **privacy):
+    return simple_config("dev-0001", tmp_path / "d", dims, streams,
+                         coordinator_public_key=wire.public_key_b64(COORD),
+                         ledger=ledger or {"total_cap": 1e6},
+                         privacy={"epsilon": 1.0, "max_round_epsilon": 10.0, **privacy})
+
+
+def _round(rid, params, eps=10.0):
+    return wire.sign_round(wire.RoundConfig(round_id=rid, protocol="t", epsilon=eps, params=params), COORD).to_bytes()
+
+
+HYBRID_LOAD = [{"name": "load", "dimensions": ["load"], "mechanism": "hybrid", "epsilon": 1.0}]
+GAUSS_LOAD = [{"name": "load", "dimensions": ["load"], "mechanism": "gaussian", "epsilon": 0.5,
+               "params": {"delta": 1e-6}}]
+
+
+# --- 1. (ε, δ) mechanisms: a round cannot choose δ; the ledger records and caps δ ---------------------------------
+
+
+def test_round_cannot_select_a_gaussian_mechanism_on_a_pure_device(tmp_path):
+    p = Pipeline(_cfg(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), SECRET)
+    spec = {"kind": "numeric", "mechanism": "gaussian", "dims": ["load"], "bounds": [[0, 100]],
+            "params": {"epsilon": 1.0, "delta": 0.999999, "calibration": "analytic"}}
+    rp = p.round_plans({"streams": {"load": spec}})
+    assert rp.streams == [] and rp.refused == [("load", "delta")]
+
+
+def test_gaussian_device_refuses_a_larger_delta_and_records_and_caps_its_own(tmp_path):
+    values = iter(range(100))
+    cfg = _cfg(tmp_path, [numeric("load", 0, 100, rounding={"enabled": False})], GAUSS_LOAD,
+               ledger={"total_cap": 1e6, "delta_cap": 3.5e-6})
+    a = Agent(cfg, CallableSource(lambda: {"load": float(next(values))}), secrets=new_identity(),
+              transport=False).open()
+    own = a.stream_specs()["load"]
+    assert own["params"]["delta"] == 1e-6
+    larger = dict(own, params={**own["params"], "delta": 1e-3})
+    out = a.handle_round(_round("r0", {"streams": {"load": larger}}))
+    assert out.refused == [("load", "spec_delta")] and a.state.spent() == 0
+    charged = []
+    for i in range(5):  # a new value each time: a new memo entry each time
+        out = a.handle_round(_round(f"r{i + 1}", {"streams": {"load": own}}))
+        charged.append(out.charged)
+        if i >= 3:
+            assert out.refused == [("load", "delta_cap")]
+    assert charged == [0.5, 0.5, 0.5, 0.0, 0.0]
+    rows = list(a.state.ledger_rows())
+    assert [r["delta"] for r in rows] == [1e-6] * 3 and a.state.spent_delta() == pytest.approx(3e-6)
+    a.close()
+
+
+def test_gaussian_stream_needs_a_delta_cap(tmp_path):
+    with pytest.raises(ConfigError, match="delta_cap"):
+        Pipeline(_cfg(tmp_path, [numeric("load", 0, 100)], GAUSS_LOAD), SECRET)
+
+
+def test_pure_mechanisms_leave_delta_null(tmp_path):
+    a = Agent(_cfg(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), CallableSource(lambda: {"load": 5.0}),
+              secrets=new_identity(), transport=False).open()
+    a.report("r1")
+    assert [r["delta"] for r in a.state.ledger_rows()] == [None] and a.state.spent_delta() == 0.0
+    a.close()
+
+
+def test_version_1_state_database_is_migrated_in_place(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL);
+        CREATE TABLE ledger (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, stream TEXT NOT NULL,
+            round_id TEXT NOT NULL, epsilon REAL NOT NULL CHECK (epsilon > 0), memo_key TEXT NOT NULL,
+            seq INTEGER NOT NULL, mechanism TEXT NOT NULL);
+        CREATE TRIGGER ledger_append_only_u BEFORE UPDATE ON ledger
+            BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END;
+        INSERT INTO meta VALUES ('schema_version', 1);
+        INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism) VALUES (1, 's', 'r', 0.5, 'k', 0, 'grr');
+    """)
+    db.commit()
+    db.close()
+    with State(path) as st:
+        assert [r["delta"] for r in st.ledger_rows()] == [None] and st.spent() == 0.5
+        assert int(st._get("schema_version")) == SCHEMA_VERSION == 2
+    with State(path) as st:  # idempotent
+        assert len(list(st.ledger_rows())) == 1
