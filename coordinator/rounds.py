@@ -20,6 +20,7 @@ which rounds were used:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -165,11 +166,12 @@ class RoundManager:
 
 
 def quantise_step(step: Any, lo: Any, hi: Any, k_base: int = 100) -> np.ndarray:
-    """Round a step up to ``(hi - lo)/K_base · 2^m`` (m ≥ 0 integer) so successive grids nest (SPEC §2.2)."""
+    """Round a step up to ``(hi - lo)/K_base · 2^m`` (m ≥ 0 integer) so successive grids nest (SPEC §2.2), with
+    ``2^m ≤ K_base`` (a step never exceeds hi - lo): devices follow only these nested steps of their own grid."""
     base = (np.asarray(hi, dtype=float) - np.asarray(lo, dtype=float)) / k_base
     ratio = np.maximum(np.asarray(step, dtype=float) / base, 1.0)
     m = np.ceil(np.log2(ratio) - 1e-12)
-    return base * np.exp2(np.maximum(m, 0.0))
+    return base * np.exp2(np.clip(m, 0.0, math.floor(math.log2(k_base))))
 
 
 def plan_rounding_steps(means: Sequence[Sequence[float]], stderrs: Sequence[Sequence[float]], lo: Any, hi: Any,
@@ -201,7 +203,7 @@ def plan_rounding_steps(means: Sequence[Sequence[float]], stderrs: Sequence[Sequ
         score = np.zeros_like(width)
     step = width * np.maximum(1.0 / k_base, score / eta)
     step = np.minimum(step, max_fraction * width)
-    return np.minimum(quantise_step(step, lo_a, hi_a, k_base), width)
+    return quantise_step(step, lo_a, hi_a, k_base)
 
 
 def heavy_hitters_from_estimate(spec: HeavyHitterSpec, est: StreamEstimate, z: float = 3.0,

@@ -41,8 +41,9 @@ bounds — :class:`SpecMismatch` ``bounds``), and the *built* mechanism spends a
 for longitudinal streams). A round may select an (ε, δ) mechanism (Gaussian) only if the device's own stream uses
 that mechanism and the round's δ is at most the device's (``delta``); the ledger records the δ of every such charge
 and caps Σδ by ``ledger.delta_cap``. A spec's ``rounding`` steps (public, planned from earlier aggregates) replace the device's own epoch
-steps for that report: ``y = lo + ⌊(x − lo)/step + u⌋·step`` with the device's life-long offset u; ``null`` = the
-exact value. Heavy-hitter prefix rounds map the value to the round's item
+steps for that report: ``y = lo + ⌊(x − lo)/step + u⌋·step`` with the device's life-long offset u. For a
+dimension the device α-rounds, only its nested grid steps ``(hi − lo)/K_base·2^m`` (m ≥ 0, ≤ hi − lo) are followed;
+``null`` (exact) and finer or other steps are refused (``rounding``), so a round cannot multiply memo entries. Heavy-hitter prefix rounds map the value to the round's item
 (:func:`coordinator.schemas.heavy_hitter_items`; the candidates are part of the memo spec). :func:`stream_specs`
 gives the specs a device answers exactly as configured.
 """
@@ -376,10 +377,7 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
     if spec.rounding is not None:
         if base.kind == "categorical":
             raise SpecMismatch("rounding", f"stream {name!r} is categorical")
-        for step, d in zip(spec.rounding, base.dimensions):
-            if step is not None and step > float(d.hi) - float(d.lo) + 1e-12:  # type: ignore[arg-type]
-                raise SpecMismatch("rounding", f"stream {name!r}: step {step} exceeds the range of {d.name!r}")
-        rounding = tuple(None if s is None else float(s) for s in spec.rounding)
+        rounding = tuple(_round_step(name, d, step) for step, d in zip(spec.rounding, base.dimensions))
     mech_name = spec.wire_mechanism
     params = dict(spec.params)
     if mech_name == base.mechanism_name and params == base.params and hh is None:
@@ -418,6 +416,36 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
     return replace(base, mechanism_name=mech_name, params=params, spec=spec_json, mechanism=mech,
                    epsilon=epsilon, delta=delta, rounding=rounding, heavy_hitters=hh,
                    epsilon_1=float(params["epsilon_1"]) if spec.kind == "longitudinal" else None)
+
+
+_STEP_RTOL = 1e-9
+
+
+def _round_step(stream: str, dim: DimensionConfig, step: float | None) -> float | None:
+    """The rounding step a round asks for on ``dim``, checked against the device's own grids.
+
+    A dimension the device α-rounds accepts only its nested steps ``(hi − lo)/K_base · 2^m`` (m ≥ 0 integer,
+    step ≤ hi − lo; relative tolerance 1e-9, snapped to the exact value): never ``null`` (the exact value) nor a
+    finer step — each distinct rounded value is a new memo entry, so a finer grid would let a round spend the
+    device's budget on values it never meant to distinguish. A dimension the device does not round reports its
+    exact value whatever the round asks (a step larger than its range is still malformed).
+    """
+    lo, hi = float(dim.lo), float(dim.hi)  # type: ignore[arg-type]
+    width = hi - lo
+    if step is not None and step > width * (1 + _STEP_RTOL):
+        raise SpecMismatch("rounding", f"stream {stream!r}: step {step} exceeds the range of {dim.name!r}")
+    if not dim.rounding.enabled:
+        return None if step is None else float(step)
+    if step is None:
+        raise SpecMismatch("rounding", f"stream {stream!r}: {dim.name!r} is α-rounded on this device; the round "
+                                       "may not ask for its exact value")
+    base = width / dim.rounding.k_base
+    ratio = float(step) / base
+    m = round(math.log2(ratio)) if ratio >= 1 - _STEP_RTOL else -1
+    if m < 0 or not math.isclose(base * 2.0**m, float(step), rel_tol=_STEP_RTOL):
+        raise SpecMismatch("rounding", f"stream {stream!r}: step {step} of {dim.name!r} is not one of the device's "
+                                       f"nested grid steps {base:g}·2^m")
+    return min(base * 2.0**m, width)
 
 
 @dataclass

@@ -102,3 +102,45 @@ def test_version_1_state_database_is_migrated_in_place(tmp_path):
         assert int(st._get("schema_version")) == SCHEMA_VERSION == 2
     with State(path) as st:  # idempotent
         assert len(list(st.ledger_rows())) == 1
+
+
+# --- 2. rounding steps: only the device's nested grid steps ----------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [None, 1e-9, 0.5, 0.999, 3.0, 1.5, 200.0])
+def test_rounded_dimension_refuses_exact_fine_and_non_nested_steps(tmp_path, step):
+    p = Pipeline(_cfg(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), SECRET)  # K_base = 100: base step 1
+    spec = dict(p.stream_specs()["load"], rounding=[step])
+    rp = p.round_plans({"streams": {"load": spec}})
+    assert rp.streams == [] and rp.refused == [("load", "rounding")]
+
+
+@pytest.mark.parametrize("step", [1.0, 1.0 + 1e-12, 2.0, 16.0, 64.0])
+def test_rounded_dimension_follows_nested_steps_and_shares_memo_entries(tmp_path, step):
+    p = Pipeline(_cfg(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), SECRET)
+    spec = dict(p.stream_specs()["load"], rounding=[step])
+    rp = p.round_plans({"streams": {"load": spec}})
+    assert rp.streams == ["load"] and rp.plans["load"].rounding == (float(2 ** round(np.log2(step))),)
+    keys = {p.prepare(p.observe({"load": x}), rp.streams, rp.plans)[0].memo_key for x in (50.0, 50.0001, 50.0002)}
+    assert len(keys) <= 2  # three readings within 0.0002 fall on at most two points of a grid of step >= 1
+
+
+def test_unrounded_dimension_reports_exact_values_whatever_the_step(tmp_path):
+    cfg = _cfg(tmp_path, [numeric("load", 0, 100, rounding={"enabled": False})], HYBRID_LOAD)
+    p = Pipeline(cfg, SECRET)
+    for step in (None, 0.37):
+        rp = p.round_plans({"streams": {"load": dict(p.stream_specs()["load"], rounding=[step])}})
+        assert rp.streams == ["load"]
+    rp = p.round_plans({"streams": {"load": dict(p.stream_specs()["load"], rounding=[500.0])}})
+    assert rp.refused == [("load", "rounding")]
+
+
+def test_planner_steps_are_nested_steps_devices_follow(tmp_path):
+    from coordinator.rounds import plan_rounding_steps
+
+    p = Pipeline(_cfg(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), SECRET)
+    wild = [[0.0], [100.0], [0.0]]  # very volatile: the planner's step hits its cap
+    for max_fraction in (0.25, 1.0):
+        step = float(plan_rounding_steps(wild, [[0.1]] * 3, [0.0], [100.0], max_fraction=max_fraction)[0])
+        rp = p.round_plans({"streams": {"load": dict(p.stream_specs()["load"], rounding=[step])}})
+        assert rp.streams == ["load"], (max_fraction, step)
