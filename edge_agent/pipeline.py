@@ -35,7 +35,8 @@ dimensions → HM k-sampling, Duchi multi-dim or the Haar record mechanism for t
 reported as ``hybrid``.
 
 **Round specs** (the coordinator's :class:`coordinator.schemas.StreamSpec`, the single contract): a device answers
-a stream of a round with the round's mechanism only if the spec's kind fits the stream, its ``dims`` are the
+a stream of a round with the round's mechanism only if the spec's kind fits the stream (and the mechanism's class:
+a numeric mechanism for numeric dimensions, a frequency oracle for a categorical one), its ``dims`` are the
 stream's dimensions in order, its ``bounds`` equal the device's declared bounds (a device never adopts other
 bounds — :class:`SpecMismatch` ``bounds``), and the *built* mechanism spends at most the device's ε (ε∞ and ε1
 for longitudinal streams). A round may select an (ε, δ) mechanism (Gaussian) only if the device's own stream uses
@@ -64,7 +65,7 @@ import numpy as np
 
 from coordinator.schemas import LONGITUDINAL_PROTOCOLS, HeavyHitterSpec, StreamSpec, heavy_hitter_items
 from protocols import registry, wire
-from protocols.base import os_rng
+from protocols.base import FrequencyOracle, NumericMechanism, os_rng
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
 
 from .config import AgentConfig, ConfigError, DimensionConfig, StreamConfig
@@ -386,6 +387,10 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
         mech = spec.build()
     except (ValueError, ImportError, AttributeError, TypeError) as exc:
         raise SpecMismatch("mechanism", f"stream {name!r}: {exc}") from None
+    if spec.kind == "frequency" and not isinstance(mech, FrequencyOracle):
+        raise SpecMismatch("mechanism", f"stream {name!r} is categorical; {mech_name!r} is not a frequency oracle")
+    if base.kind != "categorical" and not isinstance(mech, NumericMechanism):
+        raise SpecMismatch("mechanism", f"stream {name!r} is numeric; {mech_name!r} is not a numeric mechanism")
     if base.kind == "categorical":
         k = hh.k if hh is not None else base.dimensions[0].domain_size
         if getattr(mech, "k", None) != k:

@@ -144,3 +144,18 @@ def test_planner_steps_are_nested_steps_devices_follow(tmp_path):
         step = float(plan_rounding_steps(wild, [[0.1]] * 3, [0.0], [100.0], max_fraction=max_fraction)[0])
         rp = p.round_plans({"streams": {"load": dict(p.stream_specs()["load"], rounding=[step])}})
         assert rp.streams == ["load"], (max_fraction, step)
+
+
+# --- 5. a numeric stream takes only numeric mechanisms, a categorical one only frequency oracles ----------------
+
+
+def test_numeric_stream_refuses_a_frequency_oracle_and_vice_versa(tmp_path):
+    dims = [numeric("load", 0, 100), categorical("os", 3)]
+    streams = HYBRID_LOAD + [{"name": "os", "dimensions": ["os"], "mechanism": "grr", "epsilon": 1.0}]
+    p = Pipeline(_cfg(tmp_path, dims, streams), SECRET)
+    specs = p.stream_specs()
+    grr_on_load = dict(specs["load"], mechanism="grr", params={"epsilon": 1.0, "k": 2})
+    hybrid_on_os = dict(specs["os"], mechanism="hybrid", params={"epsilon": 1.0})
+    rp = p.round_plans({"streams": {"load": grr_on_load, "os": hybrid_on_os}})
+    assert rp.streams == [] and sorted(rp.refused) == [("load", "mechanism"), ("os", "mechanism")]
+
