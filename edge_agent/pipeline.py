@@ -37,7 +37,7 @@ reported as ``hybrid``.
 **Round specs** (the coordinator's :class:`coordinator.schemas.StreamSpec`, the single contract): a device answers
 a stream of a round with the round's mechanism only if the spec's kind fits the stream (and the mechanism's class:
 a numeric mechanism for numeric dimensions, a frequency oracle for a categorical one), its ``dims`` are the
-stream's dimensions in order, its ``bounds`` equal the device's declared bounds (a device never adopts other
+stream's dimensions in order, its ``labels`` (when given) are the device's categories in order, its ``bounds`` equal the device's declared bounds (a device never adopts other
 bounds — :class:`SpecMismatch` ``bounds``), and the *built* mechanism spends at most the device's ε (ε∞ and ε1
 for longitudinal streams). A round may select an (ε, δ) mechanism (Gaussian) only if the device's own stream uses
 that mechanism and the round's δ is at most the device's (``delta``); the ledger records the δ of every such charge
@@ -361,6 +361,10 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
             if not (_same_bound(lo, d.lo) and _same_bound(hi, d.hi)):  # type: ignore[arg-type]
                 raise SpecMismatch("bounds", f"stream {name!r}: dimension {d.name!r} is declared on "
                                              f"[{d.lo}, {d.hi}], the round asks for [{lo}, {hi}]")
+    if base.kind == "categorical" and spec.labels is not None:
+        own = base.dimensions[0].categories
+        if own is None or list(spec.labels) != list(own):
+            raise SpecMismatch("labels", f"stream {name!r}: the round's labels differ from the device's categories")
     hh = spec.heavy_hitters
     if hh is not None and base.dimensions[0].domain_size > (1 << hh.bits):
         raise SpecMismatch("shape", f"stream {name!r}: values in [0, {base.dimensions[0].domain_size}) do not fit "

@@ -159,3 +159,17 @@ def test_numeric_stream_refuses_a_frequency_oracle_and_vice_versa(tmp_path):
     rp = p.round_plans({"streams": {"load": grr_on_load, "os": hybrid_on_os}})
     assert rp.streams == [] and sorted(rp.refused) == [("load", "mechanism"), ("os", "mechanism")]
 
+
+# --- 6. category labels must be the device's ------------------------------------------------------------------
+
+
+def test_round_labels_must_equal_the_device_categories(tmp_path):
+    dims = [categorical("os", 3, categories=["linux", "mac", "win"]), categorical("app", 3)]
+    streams = [{"name": "os", "dimensions": ["os"], "mechanism": "grr", "epsilon": 1.0},
+               {"name": "app", "dimensions": ["app"], "mechanism": "grr", "epsilon": 1.0}]
+    p = Pipeline(_cfg(tmp_path, dims, streams), SECRET)
+    specs = p.stream_specs()
+    assert p.round_plans({"streams": specs}).streams == ["os", "app"]  # the device's own labels (and none)
+    swapped = {"os": dict(specs["os"], labels=["win", "mac", "linux"]), "app": dict(specs["app"], labels=["a", "b", "c"])}
+    rp = p.round_plans({"streams": swapped})
+    assert rp.streams == [] and sorted(rp.refused) == [("app", "labels"), ("os", "labels")]
