@@ -103,7 +103,10 @@ class SpecMismatch(ValueError):
 
 
 class InvalidRecord(ValueError):
-    """A reading that cannot be reported. ``reason``: missing | wrong_type | not_finite | out_of_domain."""
+    """A reading that cannot be reported. ``reason``: missing | wrong_type | not_finite | out_of_domain.
+
+    The message names the dimension and the reason only — never the raw value (it is logged by the agent, and a
+    raw reading must not reach a log file)."""
 
     def __init__(self, reason: str, dimension: str, detail: str = "") -> None:
         super().__init__(f"dimension {dimension!r}: {reason}" + (f" ({detail})" if detail else ""))
@@ -594,22 +597,23 @@ class Pipeline:
                 if x is None:
                     raise InvalidRecord("wrong_type", d.name, f"expected a number, got {type(raw).__name__}")
                 if not math.isfinite(x):
-                    raise InvalidRecord("not_finite", d.name, repr(raw))
+                    raise InvalidRecord("not_finite", d.name, "not a finite number")
                 out[d.name] = x
             else:
                 k = d.domain_size
                 if isinstance(raw, str) and d.categories is not None:
                     if raw not in d.categories:
-                        raise InvalidRecord("out_of_domain", d.name, f"{raw!r} is not one of the categories")
+                        raise InvalidRecord("out_of_domain", d.name, "the label is not one of the categories")
                     out[d.name] = d.categories.index(raw)
                     continue
                 x = _number(raw)
                 if x is None:
                     raise InvalidRecord("wrong_type", d.name, f"expected a category index, got {type(raw).__name__}")
                 if not math.isfinite(x) or x != int(x):
-                    raise InvalidRecord("wrong_type" if math.isfinite(x) else "not_finite", d.name, repr(raw))
+                    raise InvalidRecord("wrong_type" if math.isfinite(x) else "not_finite", d.name,
+                                        "not an integer category index")
                 if not 0 <= int(x) < k:
-                    raise InvalidRecord("out_of_domain", d.name, f"{int(x)} not in [0, {k})")
+                    raise InvalidRecord("out_of_domain", d.name, f"the category index is not in [0, {k})")
                 out[d.name] = int(x)
         return out
 

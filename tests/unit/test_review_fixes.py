@@ -173,3 +173,30 @@ def test_round_labels_must_equal_the_device_categories(tmp_path):
     swapped = {"os": dict(specs["os"], labels=["win", "mac", "linux"]), "app": dict(specs["app"], labels=["a", "b", "c"])}
     rp = p.round_plans({"streams": swapped})
     assert rp.streams == [] and sorted(rp.refused) == [("app", "labels"), ("os", "labels")]
+
+
+# --- 7. raw readings that fail validation never reach the logs ----------------------------------------------------
+
+
+@pytest.mark.parametrize("reading", [
+    {"load": float("nan"), "os": 1},
+    {"load": 73.123456, "os": "secret-label-xyz"},
+    {"load": 73.123456, "os": 987654},
+    {"load": 73.123456, "os": 2.71828},
+    {"load": 73.123456, "os": float("-inf")},
+    {"load": "31337.4242", "os": 1},
+])
+def test_invalid_reading_values_are_not_in_exceptions_or_logs(tmp_path, caplog, reading):
+    dims = [numeric("load", 0, 100), categorical("os", 3, categories=["linux", "mac", "win"])]
+    streams = HYBRID_LOAD + [{"name": "os", "dimensions": ["os"], "mechanism": "grr", "epsilon": 1.0}]
+    a = Agent(_cfg(tmp_path, dims, streams), CallableSource(lambda: dict(reading)), secrets=new_identity(),
+              transport=False).open()
+    with caplog.at_level("DEBUG"):
+        assert a.sample() is None
+    a.close()
+    with pytest.raises(ValueError) as err:
+        a.pipeline.validate(reading)
+    text = str(err.value) + caplog.text + repr([r.__dict__ for r in caplog.records])
+    assert "invalid record dropped" in caplog.text
+    for secret in ("nan", "secret-label-xyz", "987654", "2.71828", "-inf", "31337", "73.12"):
+        assert secret not in text.lower(), secret
