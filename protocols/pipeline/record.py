@@ -51,7 +51,6 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from scipy import optimize
 
 from protocols.base import NumericMechanism, check_epsilon, check_int, check_unit_interval
 from protocols.haar import (
@@ -196,6 +195,8 @@ def optimal_split(epsilon: float, d: int, mean: str, detail: str, objective: str
     values = np.array([value(float(f)) for f in grid])
     i = int(np.argmin(values))
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
+    from scipy import optimize  # lazy: a device with a resolved split never loads scipy (~65 MiB)
+
     res = optimize.minimize_scalar(value, bounds=(lo, hi), method="bounded", options={"xatol": 1e-6})
     if res.fun < values[i]:
         return float(res.x), float(res.fun)

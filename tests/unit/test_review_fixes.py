@@ -200,3 +200,32 @@ def test_invalid_reading_values_are_not_in_exceptions_or_logs(tmp_path, caplog, 
     assert "invalid record dropped" in caplog.text
     for secret in ("nan", "secret-label-xyz", "987654", "2.71828", "-inf", "31337", "73.12"):
         assert secret not in text.lower(), secret
+
+
+# --- 10. a device using the Haar record (or auto) with a resolved split does not load scipy ---------------------
+
+
+def test_haar_device_pipeline_does_not_import_scipy(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os, sys
+        from edge_agent.embed import numeric, simple_config
+        from edge_agent.pipeline import Pipeline
+        from protocols.pipeline import HaarRecord
+        dims = [numeric(n, 0, 10) for n in "abc"]
+        streams = [{{"name": "rec", "dimensions": ["a", "b", "c"], "mechanism": "haar", "epsilon": 2.0,
+                    "params": {{"split": 0.4, "mean_mechanism": "hybrid"}}}}]
+        p = Pipeline(simple_config("d1", {str(tmp_path / 'd')!r}, dims, streams), os.urandom(32))
+        rec = p.observe({{"a": 1.0, "b": 2.0, "c": 3.0}})
+        body = p.prepare(rec)[0].make_body()
+        assert set(body["report"]) == {{"mean", "detail"}}
+        HaarRecord(2.0, 5, mean_mechanism="piecewise", split=0.3).privatize([[0.1] * 5], __import__("numpy").random.default_rng(1))
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "scipy")[:3])
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
