@@ -14,11 +14,20 @@ Per round and stream the stored bodies are stacked (one ``json.loads`` for all o
 * ``longitudinal`` (L-GRR, LOLOHA): ``f̂ = protocol.estimate_round(reports)`` of the round's reports (each device's
   fresh IRR of its memoized PRR), per-user variance ``protocol.variance(f)``; otherwise like ``frequency``.
 
-**Variance basis.** The per-user variances come from the mechanisms' ``variance`` formulas. Numeric
-mechanisms' ``variance(t)`` depends on the unknown t: ``variance="plugin"`` (default) evaluates it at the
-estimate clipped to the input range (consistent: the interval is asymptotically exact), ``variance="worst"``
-uses the worst case over the whole range (conservative). Oracles' ``variance(f)`` is evaluated at the clipped
-estimate (``plugin``) or at the worse of f = 0 and f = 1 (``worst``). Intervals are the normal approximation
+**Variance basis.** The per-user variances come from the mechanisms' ``variance`` formulas, which depend on the
+unknown inputs. Every numeric mechanism here has a per-coefficient variance ``Var(Y_j | θ_j) = a + g·θ_j²``
+(``a = variance(0)``, ``g = variance(1) − a``; PM, HM, PDP, Duchi, k-sampling, the Haar record's coefficients), so
+the variance of the mean over n users is ``(a + g·E[θ²])/n`` with ``E[θ²]`` the *population mean of θ²* —
+not the square of the mean (plugging in t̂² underestimates it whenever inputs differ: PM at ε = 4 with half the
+users at −1 and half at +1 covers 0.77 instead of 0.95). ``variance="plugin"`` (default) estimates it by moments:
+``E[Y²] = a + (g + 1)·θ²`` per user, so ``Ê[θ²] = (mean(Y²) − a)/(g + 1)`` clipped to ``[θ̂², θ_max²]`` (unbiased
+before clipping; consistent); where g ≤ 0 the variance decreases in θ² and ``θ̂²`` is used instead (conservative
+by Jensen: ``E[θ²] ≥ θ̄²``). The Haar record's coordinate ``i`` combines coefficients with synthesis weights ``W``:
+``Σ_j W_ij²(a_j + g_j Ê[θ_j²]) − C(Σ_{details} W_ij θ̂_j)²`` (the covariance term of the detail mechanism with the
+squared mean: again conservative by Jensen; :mod:`protocols.pipeline._variance`). A mechanism whose variance is
+not of that form falls back to its variance at the clipped estimate. ``variance="worst"`` uses the worst case over
+the whole range (conservative). Oracles' ``variance(f)`` is linear in f, so the clipped estimate is unbiased
+(``plugin``); ``worst`` takes the worse of f = 0 and f = 1. Intervals are the normal approximation
 ``estimate ± z·se`` (:func:`protocols.base.confidence_interval`).
 
 **Consistency post-processing** (optional, free: post-processing): numeric estimates and intervals are clipped
@@ -88,9 +97,67 @@ def parse_bodies(bodies: list[str]) -> list[Any]:
 
 
 def _numeric_variance(mech: Any, t_hat: np.ndarray, basis: VarianceBasis) -> np.ndarray:
+    """The variance model at the clipped estimate (``plugin`` fallback), or its worst case."""
     if basis == "worst":
         return np.full(t_hat.shape, float(mech.worst_case_variance()))
     return np.broadcast_to(np.asarray(mech.variance(np.clip(t_hat, -1.0, 1.0)), dtype=float), t_hat.shape).copy()
+
+
+def _mean_square(y_sq_mean: np.ndarray, theta_hat: np.ndarray, a: np.ndarray, g_marginal: np.ndarray,
+                 g: np.ndarray, bound_sq: np.ndarray) -> np.ndarray:
+    """Estimated population mean of θ_j² per coefficient (see the module docstring, *Variance basis*).
+
+    ``E[Y_j²] = a_j + (g'_j + 1)θ_j²`` with ``g'`` the marginal curvature; where the variance model's curvature
+    ``g_j > 0`` the moment estimate ``(mean(Y_j²) − a_j)/(g'_j + 1)`` clipped to ``[θ̂_j², θ_max²]``, elsewhere
+    ``θ̂_j²`` (conservative). ``g' + 1`` too close to 0 to divide by gives ``θ_max²`` (conservative).
+    """
+    plug = np.minimum(theta_hat**2, bound_sq)
+    denom = g_marginal + 1.0
+    usable = denom > 1e-6
+    moment = (y_sq_mean - a) / np.where(usable, denom, 1.0)
+    moment = np.where(usable, np.clip(moment, plug, bound_sq), bound_sq)
+    return np.where(g > 0, moment, plug)
+
+
+def _unwrap(mech: Any) -> Any:
+    """The mechanism ``auto`` (:class:`protocols.pipeline.AutoRecord`) delegates to."""
+    while type(mech).__name__ == "AutoRecord" and hasattr(mech, "mechanism"):
+        mech = mech.mechanism
+    return mech
+
+
+def _moment_variance(mech: Any, reports: np.ndarray, t_hat: np.ndarray) -> np.ndarray:
+    """Per-coordinate per-user variance ``a + g·Ê[t²]`` of a scalar or vector mean mechanism (module docstring)."""
+    from protocols.pipeline._variance import quadratic_coefficients
+
+    try:
+        a, g = quadratic_coefficients(mech.variance, type(mech).__name__)
+    except (ValueError, TypeError):
+        return _numeric_variance(mech, t_hat, "plugin")
+    y = np.asarray(mech.debias(reports), dtype=float).reshape(reports.shape[0], -1)
+    if y.shape[1] != t_hat.size:
+        return _numeric_variance(mech, t_hat, "plugin")
+    ones = np.ones(t_hat.shape)
+    m2 = _mean_square(np.mean(y**2, axis=0), np.clip(t_hat, -1.0, 1.0), a * ones, g * ones, g * ones, ones)
+    return np.maximum(a + g * m2, 0.0)
+
+
+def _haar_moment_variance(mech: Any, coefficients: np.ndarray, theta_hat: np.ndarray) -> np.ndarray:
+    """(d,) per-user variance of the Haar record's coordinates from the debiased coefficients (n, D)."""
+    from protocols.haar import haar_synthesis_matrix
+    from protocols.pipeline.record import coefficient_bounds
+
+    model = mech.model
+    a, g, J, C = model.base, model.curvature, model.correlated, float(model.cross)
+    m_max, c_max = coefficient_bounds(mech.d)
+    bound = np.concatenate([[m_max], c_max])
+    theta = np.clip(theta_hat, -bound, bound)
+    m2 = _mean_square(np.mean(coefficients**2, axis=0), theta, a, g - C * J, g, bound**2)
+    W = haar_synthesis_matrix(mech.d)
+    var = (W**2) @ (a + g * m2)
+    if C:
+        var = var - C * (W[:, J] @ theta[J]) ** 2
+    return np.maximum(var, 0.0)
 
 
 def _frequency_variance(mech: Any, f_hat: np.ndarray, basis: VarianceBasis) -> np.ndarray:
@@ -145,15 +212,21 @@ def _normalised_means(spec: StreamSpec, rows: list[Any], basis: VarianceBasis) -
     """(t̂, per-user variance) per dimension, in the normalised domain [-1, 1]."""
     d = len(spec.dims)
     mech = spec.build()
-    if spec.kind == "haar":
-        t_hat = np.asarray(mech.estimate(mech.rows_from_wire(rows)), dtype=float).reshape(-1)
+    reports = mech.rows_from_wire(rows) if spec.kind == "haar" else registry.rows_from_json(rows, dtype=float)
+    inner = _unwrap(mech)
+    if hasattr(inner, "model") and hasattr(inner, "worst_case_variances"):  # the Haar record
+        coefficients = np.asarray(inner.debias(reports), dtype=float)
+        theta_hat = coefficients.mean(axis=0)
+        t_hat = np.asarray(inner.estimate(reports), dtype=float).reshape(-1)
         if basis == "worst":
-            return t_hat, np.asarray(mech.worst_case_variances(), dtype=float)
-        return t_hat, np.asarray(mech.variance(np.clip(t_hat, -1.0, 1.0)), dtype=float).reshape(-1)
-    t_hat = np.asarray(mech.estimate(registry.rows_from_json(rows, dtype=float)), dtype=float).reshape(-1)
+            return t_hat, np.asarray(inner.worst_case_variances(), dtype=float)
+        return t_hat, _haar_moment_variance(inner, coefficients, theta_hat)
+    t_hat = np.asarray(mech.estimate(reports), dtype=float).reshape(-1)
     if t_hat.size != d:
         raise ValueError(f"mechanism {spec.mechanism!r} estimated {t_hat.size} values for {d} dimensions")
-    return t_hat, _numeric_variance(mech, t_hat, basis)
+    if basis == "worst":
+        return t_hat, _numeric_variance(mech, t_hat, basis)
+    return t_hat, _moment_variance(inner, reports, t_hat)
 
 
 def _frequency_labels(spec: StreamSpec, k: int) -> list[str]:
