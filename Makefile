@@ -2,7 +2,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,eval,broker,flower-sim
+EXTRAS ?= dev,eval,flower-sim
 STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | cksum | cut -d" " -f1)
 
 .PHONY: demo test audit bench eval venv clean
@@ -15,7 +15,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The demo uses Debian's mosquitto when installed, else the embedded amqtt broker (the `broker` extra, installed on
+# demand: amqtt pins a typer release that Flower's CLI cannot use, so it is kept out of the default environment).
 demo: $(STAMP)
+	command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || $(BIN)/python -m pip install -q -e ".[broker]"
 	$(BIN)/haarvest demo $(DEMO_ARGS)
 
 test: $(STAMP)
@@ -25,7 +28,7 @@ audit: $(STAMP)
 	HAARVEST_AUDIT_TRIALS=1000000 $(BIN)/python -m pytest -q tests/audit -m "slow or not slow"
 
 bench:
-	$(MAKE) EXTRAS=dev,eval,broker,bench,flower-sim venv
+	$(MAKE) EXTRAS=dev,eval,bench,flower-sim venv
 	$(BIN)/python -m simulations.bench $(BENCH_ARGS)
 
 eval: $(STAMP)
