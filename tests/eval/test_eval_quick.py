@@ -4,6 +4,7 @@ beat flat sums on long ranges, the ledger totals respect each protocol's bound).
 
 from __future__ import annotations
 
+import importlib.util
 import time
 
 import numpy as np
@@ -68,10 +69,11 @@ def test_privacy_spent_respects_each_protocols_bound(quick_run):
             assert row["max"] <= row["bound"] + 1e-9, label
 
 
-def test_evolving_has_our_and_peer_rows(quick_run):
+def test_evolving_has_our_rows_and_the_peers_when_installed(quick_run):
     _, sections, _, _ = quick_run
     post = sections["evolving"].data["post"]
-    assert any("multi-freq-ldpy" in label for label in post)
+    peers_installed = importlib.util.find_spec("multi_freq_ldpy") is not None  # the optional `bench` extra
+    assert any("multi-freq-ldpy" in label for label in post) == peers_installed
     assert {"L-GRR", "L-OSUE", "BiLOLOHA", "OLOLOHA", "RAPPOR"} <= set(sections["evolving"].data["raw"])
 
 
@@ -94,3 +96,19 @@ def test_best_of_names_statistical_ties():
     text = best_of({"a": a, "b": b, "c": c})
     assert text.startswith("a (1)") and "tied with b" in text and "c" not in text.split("tied with")[1]
     assert summarise([1.0, 3.0]).std == pytest.approx(np.sqrt(2))
+
+
+def test_peers_are_optional(monkeypatch):
+    """Without the `bench` extra (multi-freq-ldpy, pure-ldp) the eval runs haarvest's mechanisms alone."""
+    import sys
+
+    from simulations.eval import exp_timing
+    from simulations.eval.longitudinal import peer_protocols
+
+    for name in ("multi_freq_ldpy", "pure_ldp"):
+        for key in [k for k in sys.modules if k.split(".")[0] == name] or [name]:
+            monkeypatch.setitem(sys.modules, key, None)  # `import name...` now raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)
+    assert peer_protocols(1.0, 8) == []
+    subjects = exp_timing.subjects(np.random.default_rng(0), jit=False)
+    assert subjects and not any(s.peer for s in subjects)
