@@ -1,8 +1,9 @@
 """Unbiased aggregates with confidence intervals from the stored reports of a round.
 
-Per round and stream the stored bodies are stacked (one ``json.loads`` for all of them, then
-:func:`protocols.registry.rows_from_json`) and decoded vectorised by the stream's mechanism
-(:func:`protocols.registry.build`):
+Per round and stream the stored bodies are stacked into one array (:meth:`coordinator.decode.StreamDecoder.from_bodies`)
+and decoded vectorised by the stream's mechanism (``StreamSpec.build()``). Rows the mechanism cannot have produced
+(wrong shape, outside its support — rejected at ingest, but a store may hold older rows) are dropped and counted
+(``StreamEstimate.dropped``) rather than failing the stream:
 
 * ``numeric`` / ``vector``: ``t̂ = mechanism.estimate(rows)`` (per-coordinate means in [-1, 1]), de-normalised
   ``x̂ = lo + (t̂ + 1)(hi - lo)/2``; standard error ``((hi - lo)/2)·sqrt(Var(t)/n)``.
@@ -43,9 +44,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from coordinator.decode import DecodedReports, StreamDecoder
 from coordinator.schemas import BODY_KEY, StreamSpec, denormalise, parse_round_params
 from coordinator.store import Store
-from protocols import registry, wire
+from protocols import wire
 from protocols.base import confidence_interval
 
 __all__ = ["StreamEstimate", "estimate_stream", "estimate_round", "project_to_simplex", "parse_bodies"]
@@ -72,6 +74,7 @@ class StreamEstimate:
     variance_basis: str = "plugin"
     consistency: bool = True
     error: str | None = None
+    dropped: int = 0  # stored reports the stream's mechanism cannot have produced (not used; see estimate_stream)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +94,8 @@ def project_to_simplex(v: Any) -> np.ndarray:
 
 
 def parse_bodies(bodies: list[str]) -> list[Any]:
-    """Stored body JSON texts → the list of report rows (one C-level ``json.loads`` for the whole batch)."""
+    """Stored body JSON texts → the list of report rows (one ``json.loads`` for the whole batch). The estimator
+    itself stacks bodies straight into an array (:meth:`coordinator.decode.StreamDecoder.from_bodies`)."""
     parsed = json.loads("[" + ",".join(bodies) + "]")
     return [b[BODY_KEY] for b in parsed]
 
@@ -167,19 +171,28 @@ def _frequency_variance(mech: Any, f_hat: np.ndarray, basis: VarianceBasis) -> n
     return np.broadcast_to(np.asarray(mech.variance(np.clip(f_hat, 0.0, 1.0)), dtype=float), f_hat.shape).copy()
 
 
-def estimate_stream(spec: StreamSpec, rows: list[Any], round_id: str = "", stream: str = "", level: float = 0.95,
-                    variance: VarianceBasis = "plugin", consistency: bool = True) -> StreamEstimate:
-    """Estimate one stream from its report rows (``body["report"]`` of each stored report)."""
+def estimate_stream(spec: StreamSpec, rows: list[Any] | np.ndarray | DecodedReports, round_id: str = "",
+                    stream: str = "", level: float = 0.95, variance: VarianceBasis = "plugin",
+                    consistency: bool = True, decoder: StreamDecoder | None = None) -> StreamEstimate:
+    """Estimate one stream from its report rows (``body["report"]`` of each stored report, a stacked array, or
+    :meth:`StreamDecoder.from_bodies` output). Rows the stream's mechanism cannot have produced (wrong shape, outside
+    its support) are dropped and counted in ``dropped``; ``n`` counts the rows used."""
     if variance not in ("plugin", "worst"):
         raise ValueError("variance must be 'plugin' or 'worst'")
     out = StreamEstimate(round_id=round_id, stream=stream, kind=spec.kind, mechanism=spec.wire_mechanism,
-                         n=len(rows), level=level, variance_basis=variance, consistency=consistency)
-    if not rows:
-        out.error = "no reports"
+                         n=0, level=level, variance_basis=variance, consistency=consistency)
+    if decoder is None:
+        decoder = StreamDecoder.for_spec(spec)
+    decoded = rows if isinstance(rows, DecodedReports) else decoder.stack(rows)
+    keep = decoder.valid_mask(decoded.reports)
+    reports = decoded.reports[keep]
+    n = int(reports.shape[0])
+    out.n, out.dropped = n, int(decoded.dropped + keep.size - n)
+    if n == 0:
+        out.error = "no valid reports" if out.dropped else "no reports"
         return out
-    n = len(rows)
     if spec.kind in ("numeric", "vector", "haar"):
-        t_hat, var = _normalised_means(spec, rows, variance)
+        t_hat, var = _normalised_means(spec, decoder.mechanism, reports, variance)
         lo, hi = spec.lo_hi()
         ci_lo_t, ci_hi_t = confidence_interval(t_hat, var, n, level)
         scale = (hi - lo) / 2.0
@@ -190,11 +203,11 @@ def estimate_stream(spec: StreamSpec, rows: list[Any], round_id: str = "", strea
         out.labels = list(spec.dims)
         out.stderr = (scale * np.sqrt(var / n)).tolist()
     else:
-        mech = spec.build()
+        mech = decoder.mechanism
         if spec.kind == "longitudinal":
-            f_hat = np.asarray(mech.estimate_round(np.asarray(rows, dtype=np.int64)), dtype=float).reshape(-1)
+            f_hat = np.asarray(mech.estimate_round(reports), dtype=float).reshape(-1)
         else:
-            f_hat = np.asarray(mech.estimate(registry.rows_from_json(rows)), dtype=float).reshape(-1)
+            f_hat = np.asarray(mech.estimate(reports), dtype=float).reshape(-1)
         var = _frequency_variance(mech, f_hat, variance)
         c_lo, c_hi = confidence_interval(f_hat, var, n, level)
         raw = est = f_hat
@@ -208,11 +221,10 @@ def estimate_stream(spec: StreamSpec, rows: list[Any], round_id: str = "", strea
     return out
 
 
-def _normalised_means(spec: StreamSpec, rows: list[Any], basis: VarianceBasis) -> tuple[np.ndarray, np.ndarray]:
-    """(t̂, per-user variance) per dimension, in the normalised domain [-1, 1]."""
+def _normalised_means(spec: StreamSpec, mech: Any, reports: np.ndarray,
+                      basis: VarianceBasis) -> tuple[np.ndarray, np.ndarray]:
+    """(t̂, per-user variance) per dimension, in the normalised domain [-1, 1], from stacked reports."""
     d = len(spec.dims)
-    mech = spec.build()
-    reports = mech.rows_from_wire(rows) if spec.kind == "haar" else registry.rows_from_json(rows, dtype=float)
     inner = _unwrap(mech)
     if hasattr(inner, "model") and hasattr(inner, "worst_case_variances"):  # the Haar record
         coefficients = np.asarray(inner.debias(reports), dtype=float)
@@ -253,9 +265,11 @@ def estimate_round(store: Store, round_id: str, level: float = 0.95, variance: V
             continue
         bodies = store.report_bodies(round_id, name)
         try:
-            out[name] = estimate_stream(spec, parse_bodies(bodies), round_id, name, level, variance, consistency)
+            decoder = StreamDecoder.for_spec(spec)
+            out[name] = estimate_stream(spec, decoder.from_bodies(bodies), round_id, name, level, variance,
+                                        consistency, decoder=decoder)
         except (ValueError, TypeError, KeyError, ImportError) as exc:
             out[name] = StreamEstimate(round_id=round_id, stream=name, kind=spec.kind, mechanism=spec.wire_mechanism,
-                                       n=len(bodies), level=level, variance_basis=variance, consistency=consistency,
-                                       error=f"{type(exc).__name__}: {exc}")
+                                       n=0, level=level, variance_basis=variance, consistency=consistency,
+                                       dropped=len(bodies), error=f"{type(exc).__name__}: {exc}")
     return out

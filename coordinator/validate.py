@@ -3,11 +3,13 @@
 Order of the checks (cheapest and least trusting first)::
 
     size → decode (pydantic) → topic/device binding → enrolled → signature → round exists and is open →
-    stream and mechanism match the round → body shape → replay / duplicate / second report for the stream
+    stream and mechanism match the round → body shape and support → replay / duplicate / second report for the stream
 
 Reason codes (``WireError.reason``): ``too_large``, ``malformed``, ``schema`` (from :mod:`protocols.wire`),
 ``wrong_topic``, ``device_mismatch``, ``unknown_device``, ``revoked_device``, ``unsigned``, ``bad_signature``,
-``unknown_round``, ``round_closed``, ``wrong_stream``, ``wrong_mechanism``, ``bad_body``, ``replay``
+``unknown_round``, ``round_closed``, ``wrong_stream``, ``wrong_mechanism``, ``bad_body`` (not a row of the round's
+stream mechanism: wrong structure or shape, or outside the mechanism's support — its output bound, the oracle's
+integer range — checked by :class:`coordinator.decode.StreamDecoder`, built once per round and stream), ``replay``
 (a sequence number at or below the device's high-water mark that is not a copy of a stored report),
 ``already_reported`` (the device already has a report for this round and stream) and ``duplicate`` (an exact
 copy of a stored or pending report: QoS 1 redelivery — acknowledged, never stored or counted twice).
@@ -26,7 +28,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from coordinator.schemas import RoundParams, body_row, parse_round_params
+from coordinator.decode import StreamDecoder
+from coordinator.schemas import RoundParams, StreamSpec, body_row, parse_round_params
 from coordinator.store import Store, StoredReport
 from protocols import wire
 
@@ -77,6 +80,7 @@ class Validator:
         self._hwm: dict[str, int] = {}
         self._reported: set[tuple[str, str, str]] = set()
         self._pending: dict[tuple[str, int], str] = {}
+        self._decoders: dict[tuple[str, str], StreamDecoder] = {}
         self._devices_loaded = self._rounds_loaded = 0.0
         self.reload()
 
@@ -163,7 +167,8 @@ class Validator:
             if report.mechanism != spec.wire_mechanism:
                 raise wire.WireError("wrong_mechanism", f"{report.mechanism!r} != {spec.wire_mechanism!r}")
             try:
-                body_row(spec, report.body)
+                row = body_row(spec, report.body)
+                self._decoder(report.round_id, report.stream, spec).check_row(row)
             except ValueError as exc:
                 raise wire.WireError("bad_body", str(exc)) from None
             self._check_replay(report)
@@ -173,6 +178,17 @@ class Validator:
             stream=report.stream, mechanism=report.mechanism, body=wire.canonical_json(report.body).decode(),
             sig=report.sig, received_at=t,
         )
+
+    def _decoder(self, round_id: str, stream: str, spec: StreamSpec) -> StreamDecoder:
+        """The round's stream decoder (its mechanism built once per round and stream; ValueError if it cannot be)."""
+        key = (round_id, stream)
+        dec = self._decoders.get(key)
+        if dec is None or dec.spec != spec:
+            if len(self._decoders) >= 4096:
+                self._decoders.clear()
+            dec = StreamDecoder.for_spec(spec)
+            self._decoders[key] = dec
+        return dec
 
     def _device(self, device_id: str) -> tuple[Ed25519PublicKey | None, str]:
         entry = self._keys.get(device_id)

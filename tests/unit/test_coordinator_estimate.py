@@ -101,8 +101,8 @@ def test_errors_are_reported_per_stream(tmp_path):
     with pytest.raises(ValueError):
         estimate_round(store, "nope")
     spec = StreamSpec.model_validate(PARAMS["streams"]["cpu"])
-    with pytest.raises(ValueError):
-        estimate_stream(spec, [[0.1, 0.2]] * 3)  # two values for a one-dimensional stream
+    bad = estimate_stream(spec, [[0.1, 0.2]] * 3)  # two values for a one-dimensional stream: dropped, counted
+    assert bad.error == "no valid reports" and bad.n == 0 and bad.dropped == 3
 
 
 def test_project_to_simplex():

@@ -275,3 +275,97 @@ def test_plugin_interval_coverage_for_vector_and_haar_records():
         spec.update(dims=["a", "b", "c", "d"], bounds=[[-1, 1]] * 4)
         coverage, _, _ = _coverage(spec, x, truth, reps, rng)
         assert coverage.mean() >= 0.92, (spec["kind"], coverage)  # 600 intervals, nominal 0.95
+
+
+# --- 4. out-of-support reports: rejected at ingest, dropped and counted by the estimator ---------------------------
+
+SUPPORT_STREAMS = {
+    "cpu": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 1.0}, "dims": ["cpu"],
+            "bounds": [[0, 100]]},
+    "mem": {"kind": "vector", "mechanism": "ksampling", "params": {"epsilon": 1.0, "d": 3},
+            "dims": ["a", "b", "c"], "bounds": [[0, 1]] * 3},
+    "rec": {"kind": "haar", "params": {"epsilon": 2.0, "d": 3, "mean_mechanism": "piecewise",
+                                       "detail_mechanism": "duchi_md", "split": 0.5},
+            "dims": ["a", "b", "c"], "bounds": [[0, 1]] * 3},
+    "os": {"kind": "frequency", "mechanism": "grr", "params": {"epsilon": 1.0, "k": 4}, "dims": ["os"]},
+    "app": {"kind": "frequency", "mechanism": "oue", "params": {"epsilon": 1.0, "k": 4}, "dims": ["app"]},
+    "web": {"kind": "frequency", "mechanism": "olh", "params": {"epsilon": 1.0, "k": 4}, "dims": ["web"]},
+    "geo": {"kind": "longitudinal", "mechanism": "lgrr", "params": {"epsilon_inf": 2.0, "epsilon_1": 1.0, "k": 4},
+            "dims": ["geo"]},
+    "lang": {"kind": "longitudinal", "mechanism": "loloha",
+             "params": {"epsilon_inf": 2.0, "epsilon_1": 1.0, "k": 4, "g": 3}, "dims": ["lang"]},
+}
+GOOD_ROWS = {"cpu": 0.25, "mem": [0.0, 1.5, 0.0], "rec": {"mean": 0.3, "detail": [0.1, -0.1, 0.0]}, "os": 3,
+             "app": [0, 1, 1, 0], "web": [12345, 2], "geo": 0, "lang": [77, 2]}
+BAD_ROWS = {
+    "cpu": [1e6, -1e6, [0.1]],
+    "mem": [[0.0, 1e6, 0.0], [0.1, 0.2], [0, 0, 0, 0]],
+    "rec": [{"mean": 1e6, "detail": [0.1, 0.1, 0.1]}, {"mean": 0.1, "detail": [0.1, 99.0, 0.1]},
+            {"mean": 0.1, "detail": [0.1, 0.1]}],
+    "os": [4, -1, 1.5, [1]],
+    "app": [[0, 2, 0, 0], [0, 1, 0], [0.5, 0, 0, 0]],
+    "web": [[1, 99], [-1, 0], [1, 2, 3], 5],
+    "geo": [4, -1, 2.5],
+    "lang": [[1, 3], [1], [1, -1]],
+}
+
+
+def test_ingest_rejects_reports_outside_the_mechanisms_support(tmp_path):
+    from coordinator.rounds import RoundManager
+    from coordinator.simfleet import SimFleet
+    from coordinator.store import SQLiteStore
+    from coordinator.validate import Validator
+
+    store = SQLiteStore(tmp_path / "c.db")
+    fleet = SimFleet(1)
+    dev = fleet.devices[0]
+    store.upsert_device(dev.device_id, dev.public_key)
+    v = Validator(store)
+    RoundManager(store, wire.generate_signing_key(), on_change=v.set_round).open_round("r1", 20.0,
+                                                                                       {"streams": SUPPORT_STREAMS})
+    mech = {name: (spec.get("mechanism") or "haar") for name, spec in SUPPORT_STREAMS.items()}
+    for name, rows in BAD_ROWS.items():
+        for row in rows:
+            with pytest.raises(wire.WireError) as err:
+                v.check(*dev.report("r1", name, mech[name], {"report": row}))
+            assert err.value.reason == "bad_body", (name, row)
+    for name, row in GOOD_ROWS.items():
+        v.check(*dev.report("r1", name, mech[name], {"report": row}))
+    store.close()
+
+
+def test_estimator_drops_and_counts_out_of_support_rows():
+    from coordinator.estimate import estimate_stream
+    from coordinator.schemas import StreamSpec
+
+    rng = np.random.default_rng(3)
+    spec = StreamSpec.model_validate(SUPPORT_STREAMS["cpu"])
+    rows = spec.build().privatize(np.zeros(2000), rng).tolist()
+    clean = estimate_stream(spec, rows)
+    poisoned = estimate_stream(spec, rows[:1000] + [1e6, "x", None, [0.1, 0.2]] + rows[1000:])
+    assert poisoned.error is None and poisoned.n == 2000 and poisoned.dropped == 4
+    assert poisoned.estimate == clean.estimate and poisoned.ci_low == clean.ci_low
+    for name, bad in BAD_ROWS.items():
+        spec = StreamSpec.model_validate(SUPPORT_STREAMS[name])
+        est = estimate_stream(spec, [GOOD_ROWS[name]] * 5 + bad)
+        assert est.error is None and (est.n, est.dropped) == (5, len(bad)), (name, est)
+
+
+def test_estimate_round_survives_a_poisoned_store(tmp_path):
+    from coordinator.estimate import estimate_round
+    from coordinator.rounds import RoundManager
+    from coordinator.schemas import StreamSpec
+    from coordinator.store import SQLiteStore, StoredReport
+
+    rng = np.random.default_rng(4)
+    store = SQLiteStore(tmp_path / "c.db")
+    RoundManager(store, wire.generate_signing_key()).open_round("r1", 9.0, {"streams": {"cpu": SUPPORT_STREAMS["cpu"]}})
+    rows = StreamSpec.model_validate(SUPPORT_STREAMS["cpu"]).build().privatize(np.zeros(500), rng).tolist()
+    bodies = [wire.canonical_json({"report": r}).decode() for r in rows] + ['{"report":1000000.0}', '{"x":1}', "{"]
+    store.commit_batch([StoredReport(device_id=f"d{i}", seq=0, boot=1, round_id="r1", stream="cpu",
+                                     mechanism="hybrid", body=b, sig="s", received_at=0.0)
+                        for i, b in enumerate(bodies)], {})
+    est = estimate_round(store, "r1")["cpu"]
+    assert est.error is None and est.n == 500 and est.dropped == 3
+    store.close()
+

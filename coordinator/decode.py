@@ -1,0 +1,194 @@
+"""Report rows → the arrays a stream's mechanism decodes, with the mechanism's own support check.
+
+A :class:`StreamDecoder` is built once per round and stream (``StreamSpec.build()``) and answers three questions:
+
+* :meth:`StreamDecoder.check_row` — can this one report row (the ``"report"`` of a body, already through
+  :func:`coordinator.schemas.body_row`) come from the stream's mechanism? Its shape must be the mechanism's row
+  shape (found by privatizing one dummy value), integer streams (frequency oracles, longitudinal protocols) must
+  carry integers, and the mechanism's decoder must accept it: ``debias`` for numeric mechanisms (finite, inside
+  the output bound ``[-B, B]`` — PM's C, HM's and Duchi's B, k-sampling's (d/k)·B, both parts of a Haar row),
+  ``support_counts`` for oracles (``[0, k)``, 0/1 vectors of length k, hash seeds and values in range, …),
+  ``estimate_round`` for longitudinal protocols. The ingest validator rejects anything else as ``bad_body``, so
+  one out-of-support report can no longer make the whole stream's estimate fail.
+* :meth:`StreamDecoder.from_bodies` — all stored bodies of a stream as one array; bodies that do not decode are
+  dropped and counted.
+* :meth:`StreamDecoder.valid_mask` — which rows of a stacked array the mechanism's decoder accepts, by bisection
+  (the checks are elementwise, so a block passes iff all its rows do): ``O(b log n)`` vectorised checks for ``b``
+  bad rows, one check when all are good. The estimator drops and counts the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coordinator.schemas import BODY_KEY, StreamSpec
+from protocols.base import os_rng
+
+__all__ = ["StreamDecoder", "DecodedReports"]
+
+_DECODE_ERRORS = (ValueError, TypeError, IndexError, KeyError, OverflowError)
+
+
+@dataclass(frozen=True)
+class DecodedReports:
+    """The stacked reports of a stream (rows of the mechanism's row shape) and how many bodies were dropped."""
+
+    reports: np.ndarray
+    dropped: int = 0
+
+
+@dataclass
+class StreamDecoder:
+    """Decoding and support checks for one stream of one round (see the module docstring)."""
+
+    spec: StreamSpec
+    mechanism: Any
+    row_shape: tuple[int, ...]
+    integer: bool
+    _haar: bool = field(default=False, repr=False)
+
+    @classmethod
+    def for_spec(cls, spec: StreamSpec) -> "StreamDecoder":
+        """Build the stream's mechanism and find its report row shape; ValueError if it cannot be built."""
+        try:
+            mech = spec.build()
+        except (ValueError, TypeError, ImportError, AttributeError) as exc:
+            raise ValueError(f"the stream's mechanism cannot be built: {exc}") from None
+        integer = spec.kind in ("frequency", "longitudinal")
+        haar = spec.kind == "haar"
+        try:
+            shape = (int(mech.D),) if haar else _probe_row_shape(spec, mech)
+        except _DECODE_ERRORS as exc:
+            raise ValueError(f"cannot determine the report shape of {spec.wire_mechanism!r}: {exc}") from None
+        return cls(spec=spec, mechanism=mech, row_shape=shape, integer=integer, _haar=haar)
+
+    # ------------------------------------------------------------------ one row
+    def row(self, row: Any) -> np.ndarray:
+        """One JSON report row as an array of :attr:`row_shape` (ValueError if it cannot be one)."""
+        if self._haar:
+            if not isinstance(row, dict) or set(row) != {"mean", "detail"}:
+                raise ValueError("a haar report is {'mean': y, 'detail': [z...]}")
+            mean = np.asarray(row["mean"])
+            detail = np.asarray(row["detail"])
+            if mean.ndim != 0 or detail.ndim != 1:
+                raise ValueError("a haar report has one mean and a list of details")
+            arr = np.concatenate([mean.reshape(1), detail])
+        else:
+            arr = np.asarray(row)
+        if arr.dtype.kind not in ("i", "u") + (() if self.integer else ("f",)):
+            want = "integers" if self.integer else "numbers"
+            raise ValueError(f"a {self.spec.kind} report holds {want}, got dtype {arr.dtype}")
+        if arr.shape != self.row_shape:
+            raise ValueError(f"a report row of {self.spec.wire_mechanism!r} has shape {self.row_shape}, got {arr.shape}")
+        return arr.astype(np.int64 if self.integer else float)
+
+    def check(self, reports: np.ndarray) -> None:
+        """The mechanism's own decoder-side validation of stacked reports (ValueError if any row is outside)."""
+        mech = self.mechanism
+        if reports.shape[1:] != self.row_shape:
+            raise ValueError(f"reports must have rows of shape {self.row_shape}, got {reports.shape}")
+        kind = self.spec.kind
+        if kind == "longitudinal":
+            mech.estimate_round(reports)
+        elif kind == "frequency":
+            mech.support_counts(reports)
+            if mech.n_reports(reports) != reports.shape[0]:
+                raise ValueError("the oracle does not read one report per row")
+        else:
+            y = np.asarray(mech.debias(reports), dtype=float)
+            if y.shape[0] != reports.shape[0] or not np.all(np.isfinite(y)):
+                raise ValueError("reports do not decode to finite values")
+
+    def check_row(self, row: Any) -> None:
+        """Ingest: ValueError unless ``row`` is a report the stream's mechanism could have produced."""
+        try:
+            self.check(self.row(row)[None])
+        except _DECODE_ERRORS as exc:
+            raise ValueError(str(exc) or type(exc).__name__) from None
+
+    # ------------------------------------------------------------------ many rows
+    def valid_mask(self, reports: np.ndarray) -> np.ndarray:
+        """Boolean mask of the rows :meth:`check` accepts (bisection; see the module docstring)."""
+        n = reports.shape[0]
+        mask = np.ones(n, dtype=bool)
+        pending = [(0, n)] if n else []
+        while pending:
+            lo, hi = pending.pop()
+            try:
+                self.check(reports[lo:hi])
+                continue
+            except _DECODE_ERRORS:
+                pass
+            if hi - lo == 1:
+                mask[lo] = False
+            else:
+                mid = (lo + hi) // 2
+                pending += [(lo, mid), (mid, hi)]
+        return mask
+
+    def stack(self, rows: list[Any] | np.ndarray) -> DecodedReports:
+        """JSON rows (or an already stacked array) → stacked rows; rows that are not the mechanism's are dropped."""
+        if isinstance(rows, np.ndarray):
+            arr = rows
+        else:
+            arr = self._fast_stack(rows) if not self._haar else None
+            if arr is None:
+                return self._slow_stack(rows)
+        if arr.shape[1:] != self.row_shape or arr.dtype.kind not in ("i", "u") + (() if self.integer else ("f",)):
+            return self._slow_stack(list(arr))
+        return DecodedReports(arr.astype(np.int64 if self.integer else float, copy=False))
+
+    def from_bodies(self, bodies: list[str]) -> DecodedReports:
+        """Stored body texts → stacked rows; bodies that do not decode are dropped and counted."""
+        return self.stack(_body_rows(bodies))
+
+    def _fast_stack(self, rows: list[Any]) -> np.ndarray | None:
+        try:
+            arr = np.asarray(rows)
+        except _DECODE_ERRORS:
+            return None
+        if arr.shape != (len(rows), *self.row_shape):
+            return None
+        if self.integer:
+            return arr if arr.dtype.kind in ("i", "u") else None
+        return arr.astype(float) if arr.dtype.kind in ("i", "u", "f") else None
+
+    def _slow_stack(self, rows: list[Any]) -> DecodedReports:
+        good: list[np.ndarray] = []
+        dropped = 0
+        for row in rows:  # fallback only: non-canonical or malformed bodies
+            try:
+                good.append(row if isinstance(row, np.ndarray) and row.shape == self.row_shape else self.row(row))
+            except _DECODE_ERRORS:
+                dropped += 1
+        dtype = np.int64 if self.integer else float
+        arr = np.stack(good).astype(dtype) if good else np.empty((0, *self.row_shape), dtype=dtype)
+        return DecodedReports(arr, dropped)
+
+
+def _body_rows(bodies: list[str]) -> list[Any]:
+    """Body texts → their rows, one by one (fallback); undecodable bodies become None (dropped later)."""
+    out: list[Any] = []
+    for text in bodies:
+        try:
+            body = json.loads(text)
+            out.append(body[BODY_KEY] if isinstance(body, dict) and set(body) == {BODY_KEY} else None)
+        except (ValueError, RecursionError):
+            out.append(None)
+    return out
+
+
+def _probe_row_shape(spec: StreamSpec, mech: Any) -> tuple[int, ...]:
+    """The shape of one report row: privatize one dummy input the way a device does (OS randomness)."""
+    if spec.kind == "longitudinal":
+        client = mech.client(secret=os.urandom(32), stream="shape-probe", rng=os_rng())
+        return tuple(np.shape(client.report(0).report))
+    if spec.kind == "frequency":
+        return tuple(np.shape(mech.privatize(np.zeros(1, dtype=np.int64), os_rng())[0]))
+    x = np.zeros((1, int(mech.d))) if hasattr(mech, "d") else np.zeros(1)
+    return tuple(np.shape(mech.privatize(x, os_rng())[0]))
