@@ -1,6 +1,7 @@
 """Unbiased aggregates with confidence intervals from the stored reports of a round.
 
-Per round and stream the stored bodies are stacked into one array (:meth:`coordinator.decode.StreamDecoder.from_bodies`)
+Per round and stream the stored bodies are stacked into one array (:meth:`coordinator.decode.StreamDecoder.from_bodies`:
+one ``json.loads`` and one ``numpy.asarray`` for all of them, Haar rows flattened to ``[y, z…]`` at the C level)
 and decoded vectorised by the stream's mechanism (``StreamSpec.build()``). Rows the mechanism cannot have produced
 (wrong shape, outside its support — rejected at ingest, but a store may hold older rows) are dropped and counted
 (``StreamEstimate.dropped``) rather than failing the stream:
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -97,7 +99,7 @@ def parse_bodies(bodies: list[str]) -> list[Any]:
     """Stored body JSON texts → the list of report rows (one ``json.loads`` for the whole batch). The estimator
     itself stacks bodies straight into an array (:meth:`coordinator.decode.StreamDecoder.from_bodies`)."""
     parsed = json.loads("[" + ",".join(bodies) + "]")
-    return [b[BODY_KEY] for b in parsed]
+    return list(map(itemgetter(BODY_KEY), parsed))
 
 
 def _numeric_variance(mech: Any, t_hat: np.ndarray, basis: VarianceBasis) -> np.ndarray:

@@ -20,6 +20,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -243,7 +244,7 @@ class _SQLStore(Store):
     def report_bodies(self, round_id: str, stream: str) -> list[str]:
         rows = self._exec("SELECT body FROM reports WHERE round_id = ? AND stream = ? ORDER BY device_id",
                           (round_id, stream))
-        return [r[0] for r in rows]
+        return list(map(itemgetter(0), rows))
 
     def report_counts(self) -> dict[tuple[str, str], int]:
         rows = self._exec("SELECT round_id, stream, COUNT(*) FROM reports GROUP BY round_id, stream")
