@@ -10,8 +10,11 @@ privacy changes with the transport:
   provisioned with (the SuperLink and the ServerApp are not trusted);
 * the round's ε is clamped to the device's ``privacy.max_round_epsilon`` (or the round is refused, by the device's
   ``round_policy``), and every report is charged in the device's ledger before it leaves (``Agent.report``);
-* a device answers a stream only if the round asks for the mechanism, parameters and bounds the device is configured
-  with — a report the coordinator would decode with other parameters would spend ε for a biased estimate;
+* which streams a device answers, and how, is decided by the one device/coordinator contract of the MQTT agent
+  (:meth:`edge_agent.pipeline.Pipeline.round_plans`, :func:`edge_agent.pipeline.plan_for_spec`): the round's
+  dims, bounds and labels must be the device's, its mechanism must fit the stream and stay within the device's ε
+  (and δ), its rounding steps must be the device's nested grid steps; Haar and longitudinal streams are answered
+  like any other. A refused stream is skipped (``mismatch_<reason>``), the others are answered;
 * replies carry the signed report payloads (topic + bytes) from the device's outbox; the coordinator validates
   them with the same :class:`coordinator.validate.Validator` as MQTT reports.
 
@@ -35,7 +38,6 @@ config key ``agent-config`` (one or more agent TOML paths separated by ``,``; ``
 from __future__ import annotations
 
 import logging
-import math
 import resource
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +58,6 @@ __all__ = [
     "DeviceShard",
     "ShardAnswer",
     "answer_round",
-    "round_streams",
     "make_client_app",
     "app",
 ]
@@ -73,64 +74,6 @@ RECORD_KEY = "haarvest"
 # --- one device, one round -----------------------------------------------------------------------------------
 
 
-def _spec_mismatch(plan: Any, spec: Any) -> str | None:
-    """Why the device cannot answer stream ``spec`` of a coordinator round with its configured ``plan`` (or None).
-
-    ``spec`` is one entry of ``RoundParams.streams`` as plain JSON (see :mod:`coordinator.schemas`): the device must
-    report with exactly the mechanism name and constructor parameters the coordinator decodes with, and numeric
-    streams must be normalised with the same bounds.
-    """
-    if not isinstance(spec, Mapping):
-        return "malformed"
-    mechanism = spec.get("mechanism")
-    if spec.get("kind") == "haar" or mechanism != plan.mechanism_name:
-        return "mechanism"
-    params = spec.get("params", {})
-    if not isinstance(params, Mapping) or dict(params) != dict(plan.params):
-        return "params"
-    bounds = spec.get("bounds")
-    if bounds is not None:
-        dims = plan.dimensions
-        if not isinstance(bounds, list) or len(bounds) != len(dims):
-            return "bounds"
-        for (lo, hi), d in zip(bounds, dims):
-            if d.kind != "numeric" or not (math.isclose(float(lo), float(d.lo)) and math.isclose(float(hi), float(d.hi))):
-                return "bounds"
-    return None
-
-
-def round_streams(agent: Agent, params: Mapping[str, Any]) -> tuple[list[str] | None, list[tuple[str, str]]]:
-    """The streams of ``agent`` a round asks for, and the ones it skips as ``(stream, reason)``.
-
-    ``params["streams"]`` may be the coordinator's mapping ``{stream: StreamSpec}`` (each spec must match the
-    device's configuration, :func:`_spec_mismatch`), a list of stream names, or absent (every stream).
-    """
-    streams = params.get("streams")
-    if streams is None:
-        return None, []
-    pipeline = agent.pipeline
-    assert pipeline is not None
-    if isinstance(streams, list):
-        if not all(isinstance(s, str) for s in streams):
-            raise ValueError("params.streams must be a list of names or a mapping of stream specs")
-        return [s for s in streams if s in pipeline.streams], [(s, "unknown") for s in streams if s not in pipeline.streams]
-    if not isinstance(streams, Mapping):
-        raise ValueError("params.streams must be a list of names or a mapping of stream specs")
-    asked: list[str] = []
-    skipped: list[tuple[str, str]] = []
-    for name, spec in streams.items():
-        plan = pipeline.streams.get(name)
-        if plan is None:
-            skipped.append((name, "unknown"))
-            continue
-        why = _spec_mismatch(plan, spec)
-        if why is None:
-            asked.append(name)
-        else:
-            skipped.append((name, why))
-    return asked, skipped
-
-
 def answer_round(agent: Agent, payload: bytes, now: float | None = None) -> tuple[str, ReportOutcome | None]:
     """Verify a signed round configuration and answer it through the agent's pipeline and ledger.
 
@@ -138,8 +81,9 @@ def answer_round(agent: Agent, payload: bytes, now: float | None = None) -> tupl
     ``no_coordinator_key``, ``bad_signature``, ``seen`` (already answered or refused: a round is answered at most
     once, across reboots), ``expired``, ``refused_epsilon`` (ε above the device maximum with ``round_policy =
     "refuse"``), ``no_streams`` (nothing this device can answer). The same checks as
-    :meth:`edge_agent.agent.Agent.handle_round`; here the round's streams may be the coordinator's
-    ``{stream: spec}`` mapping, and a stream is answered only when its spec matches the device's configuration.
+    :meth:`edge_agent.agent.Agent.handle_round`, and the same stream contract
+    (:meth:`edge_agent.pipeline.Pipeline.round_plans`): streams the device refuses are skipped as
+    ``mismatch_<reason>`` (``unknown`` for streams it does not have), the others answered with the round's plans.
     """
     state = agent.state
     if state is None or agent.pipeline is None:
@@ -173,10 +117,12 @@ def answer_round(agent: Agent, payload: bytes, now: float | None = None) -> tupl
             return "refused_epsilon", None
         epsilon, clamped = max_eps, True
     try:
-        streams, skipped = round_streams(agent, rc.params)
+        answer = agent.pipeline.round_plans(rc.params)  # the device/coordinator contract, as for MQTT rounds
     except ValueError as exc:
         state.record_round(rc.round_id, "refused", str(exc))
         return "malformed", None
+    streams = answer.streams
+    skipped = list(answer.refused) + [(name, "unknown") for name in answer.unknown]
     if skipped:
         log.info("round streams skipped", extra={"event": "round_streams_skipped", "round_id": rc.round_id,
                                                  "skipped": skipped})
@@ -185,7 +131,7 @@ def answer_round(agent: Agent, payload: bytes, now: float | None = None) -> tupl
         return "no_streams", None
     # recorded before answering: a crash mid-round never answers the same round twice
     state.record_round(rc.round_id, "answered", "clamped" if clamped else "")
-    outcome = agent.report(rc.round_id, streams=streams, round_cap=epsilon)
+    outcome = agent.report(rc.round_id, streams=streams, round_cap=epsilon, plans=answer.plans)
     outcome.refused.extend((s, f"mismatch_{why}") for s, why in skipped)
     return ("answered_clamped" if clamped else "answered"), outcome
 

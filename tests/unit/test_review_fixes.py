@@ -416,3 +416,27 @@ def test_bodies_are_stacked_by_one_parse_and_match_row_by_row_decoding(monkeypat
     slow = dec.from_bodies(odd)
     np.testing.assert_array_equal(slow.reports, expected)
     assert slow.dropped == 2
+
+
+# --- 9. the Flower client follows the same round contract (Haar streams, rounding steps) ------------------------
+
+
+def test_flower_answer_round_uses_the_pipeline_contract(tmp_path):
+    from edge_agent.flower_app import answer_round
+
+    dims = [numeric("a", 0, 10), numeric("b", 0, 10), numeric("load", 0, 100)]
+    streams = [{"name": "rec", "dimensions": ["a", "b"], "mechanism": "haar", "epsilon": 1.0,
+                "params": {"split": 0.5, "mean_mechanism": "hybrid"}}] + HYBRID_LOAD
+    a = Agent(_cfg(tmp_path, dims, streams), CallableSource(lambda: {"a": 1.0, "b": 2.0, "load": 50.3}),
+              secrets=new_identity(), transport=False).open()
+    specs = a.stream_specs()
+    specs["load"]["rounding"] = [16.0]
+    status, out = answer_round(a, _round("r1", {"streams": specs}))
+    assert status == "answered" and not out.refused
+    bodies = {wire.decode_report(c.payload).stream: c.body["report"] for c in out.commits}
+    assert set(bodies["rec"]) == {"mean", "detail"}  # Haar streams are answered
+    assert bodies["load"] is not None
+    specs["load"]["rounding"] = [None]  # the exact value of a rounded dimension: refused like over MQTT
+    status, out = answer_round(a, _round("r2", {"streams": specs}))
+    assert status == "answered" and out.refused == [("load", "mismatch_rounding")]
+    a.close()
