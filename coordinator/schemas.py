@@ -8,7 +8,8 @@ This module is the contract (see docs/coordinator.md); it depends only on pydant
     {"streams": {"<stream>": {"kind": "numeric" | "vector" | "frequency" | "haar" | "longitudinal",
                               "mechanism": "<name>", "params": {...},                # StreamSpec.build() makes it
                               "dims": ["cpu", ...], "bounds": [[lo, hi], ...],       # numeric/vector/haar
-                              "rounding": [step or null per dim] | null,              # α-rounding steps (units of x)
+                              "rounding": [step or null per dim] | null,              # α-rounding steps (units of x),
+                                                                                      # nested: (hi-lo)/K_base·2^m
                               "heavy_hitters": {...} | null}}}                        # prefix extension (frequency)
 
 **Report body.** A device's :class:`protocols.wire.Report` for stream ``s`` of round ``r`` carries
@@ -20,7 +21,11 @@ For ``kind == "haar"`` ROW is ``{"mean": y, "detail": [z_1 … z_{D-1}]}`` (``Ha
 **Bounds are the device's.** A device refuses a stream of a round whose ``dims`` or ``bounds`` differ from the
 dimensions it declares (it never adopts a round's bounds: its clipping, α-rounding state and memo keys are tied to
 its own); a round built from the devices' declarations (``edge_agent.Agent.stream_specs()``) agrees by
-construction. ``rounding`` and the mechanism (within the device's ε) are public round parameters it does follow.
+construction. ``rounding`` and the mechanism (within the device's ε; an (ε, δ) mechanism only if the device's own
+stream uses it with at least that small a δ) are public round parameters it does follow — for a dimension the
+device α-rounds, only its nested grid steps ``(hi − lo)/K_base·2^m`` (m ≥ 0, at most hi − lo; ``null`` = exact is
+refused), so a round cannot multiply a device's memo entries. ``labels`` must be the device's categories.
+Reports outside the stream mechanism's support are rejected at ingest (:mod:`coordinator.decode`).
 
 **Normalisation.** Numeric values are clipped to ``[lo, hi]`` and normalised ``t = 2(x - lo)/(hi - lo) - 1``
 before privatizing (:func:`normalise`); the coordinator de-normalises ``x = lo + (t + 1)(hi - lo)/2``.
