@@ -159,7 +159,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(json.dumps({k: v.to_dict() for k, v in result.items()}, indent=1))
         return 0
     for name, est in result.items():
-        print(f"== {args.round}/{name} ({est.kind}, {est.mechanism}, n={est.n})")
+        dropped = f", {est.dropped} invalid reports dropped" if est.dropped else ""
+        print(f"== {args.round}/{name} ({est.kind}, {est.mechanism}, n={est.n}{dropped})")
         if est.error:
             print(f"   error: {est.error}")
             continue
