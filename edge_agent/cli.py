@@ -48,7 +48,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         "schedule": cfg.schedule,
         "streams": {
             n: {"dimensions": list(p.config.dimensions), "mechanism": p.mechanism_name, "params": p.params,
-                "epsilon": p.epsilon, "cap": p.cap}
+                "epsilon": p.epsilon, "cap": p.cap, **({"delta": p.delta} if p.delta else {})}
             for n, p in plans.items()
         },
         "ledger": cfg.ledger.model_dump(mode="json"),
@@ -152,7 +152,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         for row in state.ledger_rows(stream=args.stream, limit=args.limit):
             print(json.dumps(row))
         if args.total:
-            print(json.dumps({"total": state.spent(args.stream), "by_stream": state.spent_by_stream()}))
+            print(json.dumps({"total": state.spent(args.stream), "by_stream": state.spent_by_stream(),
+                              "delta_total": state.spent_delta()}))
     return 0
 
 
