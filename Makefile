@@ -31,8 +31,9 @@ bench:
 	$(MAKE) EXTRAS=dev,eval,bench,flower-sim venv
 	$(BIN)/python -m simulations.bench $(BENCH_ARGS)
 
-eval: $(STAMP)
-	$(BIN)/haarvest simulate eval
+eval:
+	$(MAKE) EXTRAS=dev,eval,bench,flower-sim venv
+	$(BIN)/haarvest simulate eval $(EVAL_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
