@@ -256,7 +256,7 @@ def _frequency_labels(spec: StreamSpec, k: int) -> list[str]:
 def estimate_round(store: Store, round_id: str, level: float = 0.95, variance: VarianceBasis = "plugin",
                    consistency: bool = True, streams: list[str] | None = None) -> dict[str, StreamEstimate]:
     """Estimate every stream (or ``streams``) of a stored round; a stream that fails carries ``error``."""
-    row = next((r for r in store.rounds() if r["round_id"] == round_id), None)
+    row = store.round(round_id)
     if row is None:
         raise ValueError(f"unknown round {round_id!r}")
     config = wire.RoundConfig.model_validate(json.loads(row["config"]))

@@ -109,10 +109,10 @@ class RoundManager:
                 self._publish(newest, current=True)
 
     def get(self, round_id: str) -> wire.RoundConfig:
-        for row in self.store.rounds():
-            if row["round_id"] == round_id:
-                return wire.RoundConfig.model_validate(json.loads(row["config"]))
-        raise ValueError(f"unknown round {round_id!r}")
+        row = self.store.round(round_id)
+        if row is None:
+            raise ValueError(f"unknown round {round_id!r}")
+        return wire.RoundConfig.model_validate(json.loads(row["config"]))
 
     def params(self, round_id: str) -> RoundParams:
         return parse_round_params(self.get(round_id).params)

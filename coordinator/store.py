@@ -70,6 +70,7 @@ class StoredReport:
         return out
 
 
+_ROUND_COLUMNS = ("round_id", "config", "status", "opened_at", "closed_at")
 _REPORT_COLUMNS = ("device_id", "seq", "boot", "round_id", "stream", "mechanism", "body", "sig", "received_at")
 
 
@@ -91,6 +92,10 @@ class Store(ABC):
     @abstractmethod
     def rounds(self) -> list[dict[str, Any]]:
         """All rounds in opening order: dicts with round_id, config (JSON text), status, opened_at, closed_at."""
+
+    def round(self, round_id: str) -> dict[str, Any] | None:
+        """One round as in :meth:`rounds`, or None. Backends override this with a primary-key lookup."""
+        return next((r for r in self.rounds() if r["round_id"] == round_id), None)
 
     # reports
     @abstractmethod
@@ -189,7 +194,12 @@ class _SQLStore(Store):
 
     def rounds(self) -> list[dict[str, Any]]:
         rows = self._exec("SELECT round_id, config, status, opened_at, closed_at FROM rounds ORDER BY opened_at, round_id")
-        return [dict(zip(("round_id", "config", "status", "opened_at", "closed_at"), r)) for r in rows]
+        return [dict(zip(_ROUND_COLUMNS, r)) for r in rows]
+
+    def round(self, round_id: str) -> dict[str, Any] | None:
+        rows = self._exec("SELECT round_id, config, status, opened_at, closed_at FROM rounds WHERE round_id = ?",
+                          (round_id,))
+        return dict(zip(_ROUND_COLUMNS, rows[0])) if rows else None
 
     def commit_batch(self, reports: list[StoredReport], counters: dict[str, int]) -> int:
         hwm: dict[str, int] = {}

@@ -17,6 +17,23 @@ copy of a stored or pending report: QoS 1 redelivery — acknowledged, never sto
 :meth:`Validator.check` *reserves* what it accepts (raises the in-memory high-water mark, remembers the
 pending (device, seq)), so messages of one batch are checked against each other; after the batch is durably
 committed the ingest calls :meth:`Validator.batch_committed`, after a failed commit :meth:`Validator.reload`.
+
+**Rounds opened by another process** (``haarvest coordinator rounds open`` next to a running ``coordinator run``):
+a report naming a round id the validator does not hold is looked up in the store *at once* (a primary-key query,
+:meth:`coordinator.store.Store.round`) before it is rejected as ``unknown_round``. Every opener stores a round
+before publishing it, so a device can only name a round that is already committed: the report is never rejected
+for having overtaken the validator's cache. A miss is remembered for ``negative_ttl`` seconds (0.1 by default), so
+a device that keeps naming a round id that does not exist costs at most one query per id and interval — it must be
+enrolled and sign its reports to get that far. Rounds *closed* by another process are noticed by the periodic
+re-read of the rounds table (``refresh_interval``): a report arriving up to that long after such a close is still
+accepted.
+
+**Rejections are acknowledged.** The ingest acknowledges every message it has processed, rejected ones included:
+MQTT redelivers an unacknowledged message only when the session reconnects, so withholding the PUBACK of a rejected
+report would not retry it soon — it would pin it in the broker's in-flight window, and every reconnect would
+deliver it again to be rejected again. ``unknown_round`` is therefore final: with the immediate lookup above it
+means the round does not exist in the store when the report is checked (a forged or mistyped id, or a round
+deleted from the database).
 """
 
 from __future__ import annotations
@@ -52,28 +69,41 @@ class _Round:
         self.config, self.params, self.status = config, params, status
 
 
+def _round_from_row(row: dict[str, Any]) -> _Round:
+    config = wire.RoundConfig.model_validate(json.loads(row["config"]))
+    return _Round(config, parse_round_params(config.params), row["status"])
+
+
 class Validator:
     """Validates report messages against the device registry, the rounds and the replay state of a store.
 
     Args:
-        store: where devices, rounds and high-water marks are loaded from (and re-read when an unknown device
-            or round shows up, at most every ``refresh_interval`` seconds — other processes may enroll).
+        store: where devices, rounds and high-water marks are loaded from. Devices are re-read when an unknown
+            device shows up, at most every ``refresh_interval`` seconds (other processes may enroll); the table of
+            rounds at most as often while the round is open (other processes may close it). An unknown round id is
+            looked up in the store at once (other processes may open rounds).
         replay_window: 0 (default) accepts only ``seq > high-water mark``; ``w > 0`` also accepts a not yet
             stored ``seq`` in ``(hwm - w, hwm]`` (out-of-order delivery across shared-subscription workers).
             Duplicates are excluded by ``UNIQUE(device_id, seq)`` either way.
         max_payload: size limit in bytes (at most :data:`protocols.wire.MAX_PAYLOAD`).
+        refresh_interval: seconds between re-reads of the devices and rounds tables (see ``store``).
+        negative_ttl: seconds a round id not found in the store is remembered as unknown (0: look it up every
+            time). Keep it short: it only bounds the store queries of reports naming non-existent rounds.
     """
 
     def __init__(self, store: Store, replay_window: int = 0, max_payload: int = wire.MAX_PAYLOAD,
-                 refresh_interval: float = 1.0) -> None:
+                 refresh_interval: float = 1.0, negative_ttl: float = 0.1) -> None:
         if replay_window < 0:
             raise ValueError("replay_window must be >= 0")
+        if refresh_interval < 0 or negative_ttl < 0:
+            raise ValueError("refresh_interval and negative_ttl must be >= 0")
         if not 0 < max_payload <= wire.MAX_PAYLOAD:
             raise ValueError(f"max_payload must lie in (0, {wire.MAX_PAYLOAD}]")
         self.store = store
         self.replay_window = int(replay_window)
         self.max_payload = int(max_payload)
         self.refresh_interval = float(refresh_interval)
+        self.negative_ttl = float(negative_ttl)
         self._lock = threading.RLock()
         self._keys: dict[str, tuple[Ed25519PublicKey | None, str]] = {}
         self._rounds: dict[str, _Round] = {}
@@ -81,6 +111,7 @@ class Validator:
         self._reported: set[tuple[str, str, str]] = set()
         self._pending: dict[tuple[str, int], str] = {}
         self._decoders: dict[tuple[str, str], StreamDecoder] = {}
+        self._missing_rounds: dict[str, float] = {}  # round id → monotonic time of the store lookup that missed
         self._devices_loaded = self._rounds_loaded = 0.0
         self.reload()
 
@@ -111,17 +142,15 @@ class Validator:
 
     def refresh_rounds(self) -> None:
         with self._lock:
-            rounds: dict[str, _Round] = {}
-            for row in self.store.rounds():
-                config = wire.RoundConfig.model_validate(json.loads(row["config"]))
-                rounds[row["round_id"]] = _Round(config, parse_round_params(config.params), row["status"])
-            self._rounds = rounds
+            self._rounds = {row["round_id"]: _round_from_row(row) for row in self.store.rounds()}
+            self._missing_rounds.clear()
             self._rounds_loaded = time.monotonic()
 
     def set_round(self, config: wire.RoundConfig, status: str) -> None:
         """Tell the validator about a round opened or closed in this process (no store round trip)."""
         with self._lock:
             self._rounds[config.round_id] = _Round(config, parse_round_params(config.params), status)
+            self._missing_rounds.pop(config.round_id, None)
 
     def batch_committed(self) -> None:
         with self._lock:
@@ -201,11 +230,31 @@ class Validator:
 
     def _round(self, round_id: str) -> _Round:
         rnd = self._rounds.get(round_id)
-        if (rnd is None or rnd.status == "open") and time.monotonic() - self._rounds_loaded >= self.refresh_interval:
-            self.refresh_rounds()  # also notices rounds closed by another process
+        now = time.monotonic()
+        if rnd is not None and rnd.status == "open" and now - self._rounds_loaded >= self.refresh_interval:
+            self.refresh_rounds()  # notices rounds closed by another process
             rnd = self._rounds.get(round_id)
         if rnd is None:
+            rnd = self._lookup_round(round_id, now)
+        if rnd is None:
             raise wire.WireError("unknown_round", round_id)
+        return rnd
+
+    def _lookup_round(self, round_id: str, now: float) -> _Round | None:
+        """A round not in the cache, read from the store at once (opened by another process); misses are
+        remembered for ``negative_ttl`` seconds."""
+        missed = self._missing_rounds.get(round_id)
+        if missed is not None and now - missed < self.negative_ttl:
+            return None
+        row = self.store.round(round_id)
+        if row is None:
+            if len(self._missing_rounds) >= 4096:
+                self._missing_rounds.clear()
+            self._missing_rounds[round_id] = now
+            return None
+        self._missing_rounds.pop(round_id, None)
+        rnd = _round_from_row(row)
+        self._rounds[round_id] = rnd
         return rnd
 
     def _check_replay(self, report: wire.Report) -> None:

@@ -61,8 +61,6 @@ PARAMS = {"streams": {
 }}
 STREAMS = tuple(PARAMS["streams"])
 CAPS = {"total_cap": 12.0, "stream_cap": 6.0}
-#: the coordinator learns about rounds opened by another process when it re-reads them (Validator.refresh_interval)
-REFRESH_S = 1.0
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
@@ -270,7 +268,6 @@ class System:
         self.publisher = Publisher(port)
         self._outgoing: list[tuple[str, bytes, bool]] = []
         self.rounds = RoundManager(store, coord_key, publish=lambda t, p, r: self._outgoing.append((t, p, r)))
-        self.opened_at = 0.0
         self.stop_fleet = threading.Event()
         self.fleet_thread = threading.Thread(target=run_fleet, args=(self.fleet,),
                                              kwargs={"stop": self.stop_fleet, "drain_timeout": 5.0}, daemon=True)
@@ -297,18 +294,14 @@ class System:
 
     # --- rounds ---
     def open_round(self, round_id: str, publish: bool = True) -> None:
-        """Open on the database now; publish (retained) once the coordinator is sure to see it.
-
-        Workaround for the race shown by ``test_round_opened_elsewhere_is_known_to_the_validator``: the coordinator
-        re-reads rounds at most every ``REFRESH_S``, so a report arriving sooner after its last refresh would be
-        rejected as ``unknown_round``."""
+        """Open on the database (another process than the running coordinator, like `coordinator rounds open`) and
+        publish (retained) at once: the coordinator looks up a round it does not know in the store when the first
+        report names it (``test_round_opened_elsewhere_is_known_to_the_validator``)."""
         self.rounds.open_round(round_id, 2 * EPS, PARAMS)
-        self.opened_at = time.monotonic()
         if publish:
             self.publish_pending()
 
     def publish_pending(self) -> None:
-        time.sleep(max(0.0, self.opened_at + REFRESH_S + 0.2 - time.monotonic()))
         out, self._outgoing = self._outgoing, []
         for topic, payload, retain in out:
             self.publisher.publish(topic, payload, retain)
@@ -482,10 +475,6 @@ def _check_invariants(sysm: System, timeline: list[str]) -> None:
         store.close()
 
 
-@pytest.mark.xfail(strict=False, reason="coordinator bug: Validator._round re-reads the rounds table at most every "
-                   "refresh_interval (1 s), so a report for a round opened by another process (e.g. `haarvest "
-                   "coordinator rounds open` next to a running `coordinator run`) within 1 s of the last re-read is "
-                   "rejected as unknown_round — and acknowledged, so the device marks it sent and it is lost")
 def test_round_opened_elsewhere_is_known_to_the_validator(tmp_path):
     from coordinator.simfleet import SimFleet
 

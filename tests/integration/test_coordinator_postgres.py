@@ -88,7 +88,11 @@ def test_postgres_store_two_workers(postgres_dsn):
     assert store.report_counts() == {("r1", "cpu"): 20}
     est = estimate_round(store, "r1")["cpu"]
     assert est.n == 20 and est.error is None
+    # a round opened through one connection is found by the other worker's validator at its first report
+    RoundManager(store, wire.generate_signing_key()).open_round("r2", 1.0, PARAMS)
+    assert v2.check(*fleet.devices[0].report("r2", "cpu", "duchi", {"report": 2.16})).round_id == "r2"
     store.set_round_status("r1", "closed")
     assert other.rounds()[0]["status"] == "closed"
+    assert other.round("r1")["status"] == "closed" and other.round("nope") is None
     store.close()
     other.close()

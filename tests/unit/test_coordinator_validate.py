@@ -120,3 +120,56 @@ def test_signed_round_verifies_and_store_survives_reopen(tmp_path):
     again = SQLiteStore(tmp_path / "s.db")
     assert again.counters() == {"bad_signature": 3}
     assert [r["round_id"] for r in again.rounds()] == ["r1"]
+
+
+def test_round_opened_by_another_process_is_looked_up_at_once(tmp_path):
+    """A round committed by another connection (the CLI) is known to the validator at the next report, however
+    recently it re-read the rounds table; a miss is cached only for ``negative_ttl``."""
+    store, cli_store = SQLiteStore(tmp_path / "c.db"), SQLiteStore(tmp_path / "c.db")
+    fleet = SimFleet(2)
+    for rec in fleet.enrollment():
+        store.upsert_device(rec["device_id"], rec["public_key"])
+    cli = RoundManager(cli_store, wire.generate_signing_key())
+    try:
+        v = Validator(store, refresh_interval=3600.0, negative_ttl=3600.0)
+        dev, dev2 = fleet.devices
+        early = dev.report("r2", "cpu", "hybrid", {"report": 0.1})
+        assert reason(v, *early) == "unknown_round"  # the id really does not exist yet: cached as missing
+        cli.open_round("r2", 1.0, PARAMS)
+        assert reason(v, *dev2.report("r2", "cpu", "hybrid", {"report": 0.1})) == "unknown_round"  # within the TTL
+        v.negative_ttl = 0.0
+        assert v.check(*dev2.report("r2", "cpu", "hybrid", {"report": 0.1})).round_id == "r2"
+        cli.open_round("r3", 1.0, PARAMS)  # never asked about before: found at once despite the TTL
+        v.negative_ttl = 3600.0
+        assert v.check(*dev.report("r3", "cpu", "hybrid", {"report": 0.2})).round_id == "r3"
+        assert v.known()["open_rounds"] == 2
+        assert store.round("r3")["status"] == "open" and store.round("nope") is None
+    finally:
+        store.close()
+        cli_store.close()
+
+
+def test_round_closed_by_another_process_is_noticed_at_refresh(tmp_path):
+    store, cli_store = SQLiteStore(tmp_path / "c.db"), SQLiteStore(tmp_path / "c.db")
+    fleet = SimFleet(2)
+    for rec in fleet.enrollment():
+        store.upsert_device(rec["device_id"], rec["public_key"])
+    cli = RoundManager(cli_store, wire.generate_signing_key())
+    try:
+        cli.open_round("r1", 1.0, PARAMS)
+        v = Validator(store, refresh_interval=0.0)
+        assert v.check(*fleet.devices[0].report("r1", "cpu", "hybrid", {"report": 0.1})).round_id == "r1"
+        cli.close_round("r1")
+        assert reason(v, *fleet.devices[1].report("r1", "cpu", "hybrid", {"report": 0.1})) == "round_closed"
+    finally:
+        store.close()
+        cli_store.close()
+
+
+def test_validator_rejects_negative_intervals(tmp_path):
+    store = SQLiteStore(tmp_path / "c.db")
+    try:
+        with pytest.raises(ValueError, match="negative_ttl"):
+            Validator(store, negative_ttl=-1)
+    finally:
+        store.close()
