@@ -287,8 +287,16 @@ class Agent:
     # --- rounds -------------------------------------------------------------------------------------------
 
     def handle_round(self, payload: bytes) -> ReportOutcome | None:
-        """A round config from the coordinator: decode, verify, clamp/refuse ε, answer once per round id."""
+        """A round config from the coordinator: decode, verify, clamp/refuse ε, answer once per round id.
+
+        An empty payload is how the coordinator clears the retained ``rounds/current`` when it closes the last open
+        round (MQTT deletes a retained message with a zero-length one): it means "no open round" — nothing to
+        answer, not a malformed config (counted in memory as ``rounds.cleared``, not persisted)."""
         state, _ = self._require()
+        if not payload:
+            self.stats["rounds.cleared"] += 1
+            log.info("no open round", extra={"event": "rounds_cleared"})
+            return None
         try:
             rc = wire.decode_round(payload)
         except wire.WireError as exc:

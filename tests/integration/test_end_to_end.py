@@ -123,6 +123,9 @@ def test_two_rounds_over_mosquitto_second_planned_from_the_first(tmp_path, mosqu
         assert r2.streams["load"].rounding is not None and r2.streams["env"].rounding is not None
         snap = coord.metrics_snapshot()
         assert snap["accepted"] == 2 * N * len(STREAMS) and snap["rejected_total"] == 0
+        # closing the last open round cleared the retained rounds/current: "no open round", never a malformed config
+        assert _wait(lambda: all(a.stats["rounds.cleared"] >= 1 for a in agents), 15)
+        assert not any(k.startswith("rounds.malformed") for a in agents for k, v in a.stats.items() if v)
     finally:
         stop.set()
         fleet.join(30)
