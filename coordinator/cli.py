@@ -9,12 +9,17 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from coordinator.run_config import DEFAULT_DB, DEFAULT_KEY  # noqa: F401 - the defaults, re-exported
+
+if TYPE_CHECKING:
+    from coordinator.run_config import RunOptions
 
 __all__ = ["register", "main"]
 
-DEFAULT_DB = "haarvest-coordinator.db"
-DEFAULT_KEY = "coordinator.key"
+#: seconds to wait for the broker's CONNACK / PUBACK when publishing round configurations
+PUBLISH_TIMEOUT = 10.0
 
 
 def _load_json_arg(text: str) -> Any:
@@ -25,27 +30,52 @@ def _load_json_arg(text: str) -> Any:
     return json.loads(text)
 
 
+def _options(args: argparse.Namespace, files: tuple[str, ...] = ()) -> "RunOptions":
+    """The options of this command: defaults < ``--config`` file < options given on the command line; with
+    ``files``, those file options must name readable files. Exits with status 2 and a clear message otherwise."""
+    from coordinator.run_config import RunConfigError, RunOptions, load_options
+
+    given = {k: v for k, v in vars(args).items() if k in RunOptions.model_fields}
+    try:
+        opts = load_options(getattr(args, "config", None), given)
+        opts.check_files(files)
+    except RunConfigError as exc:
+        print(f"haarvest coordinator: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return opts
+
+
 def _store(args: argparse.Namespace):  # noqa: ANN202
     from coordinator.store import open_store
 
-    return open_store(args.db)
+    return open_store(_options(args).db)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from coordinator.run_config import EXISTING_FILE_KEYS
     from coordinator.service import Coordinator, CoordinatorConfig
 
+    o = _options(args, EXISTING_FILE_KEYS)
     config = CoordinatorConfig(
-        db=args.db, key_file=args.key, mqtt_host=args.mqtt_host, mqtt_port=args.mqtt_port, client_id=args.client_id,
-        shared_group=args.share_group, batch_size=args.batch_size, batch_ms=args.batch_ms,
-        replay_window=args.replay_window, http_host=args.http_host, http_port=args.http_port,
-        devices_file=args.devices, mqtt_username=args.mqtt_username, mqtt_password=args.mqtt_password,
-        mqtt_tls_ca=args.mqtt_ca, mqtt_protocol=args.mqtt_protocol,
+        db=o.db, key_file=o.key, mqtt_host=o.mqtt_host, mqtt_port=o.mqtt_port, client_id=o.client_id,
+        shared_group=o.share_group, batch_size=o.batch_size, batch_ms=o.batch_ms,
+        replay_window=o.replay_window, http_host=o.http_host, http_port=o.http_port,
+        devices_file=o.devices, mqtt_username=o.mqtt_username, mqtt_password=o.mqtt_password,
+        mqtt_tls_ca=o.mqtt_ca, mqtt_tls_cert=o.mqtt_cert, mqtt_tls_key=o.mqtt_key, mqtt_tls=o.mqtt_tls,
+        mqtt_protocol=o.mqtt_protocol,
     )
     coord = Coordinator(config)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    coord.start()
+    try:
+        coord.start()
+    except TimeoutError as exc:
+        coord.close()
+        tls = " with TLS" if o.tls else ""
+        print(f"haarvest coordinator run: {exc} (broker {o.mqtt_host}:{o.mqtt_port}{tls}: is it running, and does "
+              "it accept this client — certificate, user name, ACL?)", file=sys.stderr)
+        return 1
     print(json.dumps({"status": "ready", "http": coord.http_url, "coordinator_public_key": coord.public_key}),
           flush=True)
     try:
@@ -53,6 +83,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             pass
     finally:
         coord.close()
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Print the effective run options (defaults < file < command line) as JSON, the password masked; exit 2 on a
+    bad file or option, or a CA / certificate / key / devices file that cannot be read."""
+    from coordinator.run_config import EXISTING_FILE_KEYS
+
+    o = _options(args, EXISTING_FILE_KEYS)
+    shown = o.model_dump()
+    if shown["mqtt_password"] is not None:
+        shown["mqtt_password"] = "***"
+    shown["tls"] = o.tls
+    print(json.dumps(shown, indent=1))
     return 0
 
 
@@ -94,16 +138,79 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _publish_rounds(host: str, port: int, items: list[tuple[str, bytes]]) -> None:
+class PublishError(RuntimeError):
+    """Round configurations could not be published (no connection, or the broker refused them)."""
+
+
+def _mqtt_connect(o: "RunOptions", protocol: int):  # noqa: ANN202 - paho Client
+    """A connected paho client (network loop running) with the options' TLS and credentials, or PublishError."""
+    import secrets as _secrets
+    import ssl
+
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    client.connect(host, port)
+    # never the ingest's client id: a second connection with it would take over the coordinator's session
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"haarvest-rounds-{_secrets.token_hex(4)}",
+                         protocol=protocol)
+    if o.mqtt_username:
+        client.username_pw_set(o.mqtt_username, o.mqtt_password)
+    if o.tls:
+        client.tls_set(ca_certs=o.mqtt_ca, certfile=o.mqtt_cert, keyfile=o.mqtt_key)
+    answered = threading.Event()
+    result: dict[str, Any] = {}
+
+    def on_connect(_c, _u, _flags, reason_code, _props) -> None:  # noqa: ANN001
+        result.setdefault("connack", reason_code)
+        answered.set()
+
+    def on_disconnect(_c, _u, _flags, reason_code, _props) -> None:  # noqa: ANN001
+        result.setdefault("closed", reason_code)
+        answered.set()
+
+    client.on_connect, client.on_disconnect = on_connect, on_disconnect
+    where = f"{o.mqtt_host}:{o.mqtt_port}" + (" (TLS)" if o.tls else "")
+    try:
+        client.connect(o.mqtt_host, o.mqtt_port, keepalive=30)
+    except (OSError, ssl.SSLError) as exc:  # refused, unreachable, TLS handshake failed (certificate, CA, name)
+        raise PublishError(f"cannot connect to {where}: {exc}") from None
     client.loop_start()
+    answered.wait(PUBLISH_TIMEOUT)
+    connack = result.get("connack")
+    if connack is None or connack.is_failure:
+        client.loop_stop()
+        why = connack if connack is not None else result.get("closed", f"no answer in {PUBLISH_TIMEOUT:g} s")
+        raise PublishError(f"the broker at {where} did not accept the connection: {why}")
+    return client
+
+
+def _publish_rounds(o: "RunOptions", items: list[tuple[str, bytes]]) -> None:
+    """Publish ``(topic, payload)`` retained at QoS 1 and wait for every PUBACK; PublishError if the connection
+    fails or the broker refuses a message (MQTT 5 reason code, e.g. "Not authorized" from the ACL)."""
+    import paho.mqtt.client as mqtt
+
+    protocols = {"5": [mqtt.MQTTv5], "3.1.1": [mqtt.MQTTv311], "auto": [mqtt.MQTTv5, mqtt.MQTTv311]}[o.mqtt_protocol]
+    for i, protocol in enumerate(protocols):
+        try:
+            client = _mqtt_connect(o, protocol)
+            break
+        except PublishError:
+            if i == len(protocols) - 1:
+                raise
+    acks: dict[int, Any] = {}
+    client.on_publish = lambda _c, _u, mid, reason_code, _p: acks.__setitem__(mid, reason_code)
     try:
         for topic, payload in items:
-            client.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
+            info = client.publish(topic, payload, qos=1, retain=True)
+            try:
+                info.wait_for_publish(PUBLISH_TIMEOUT)
+            except (RuntimeError, ValueError) as exc:  # connection lost
+                raise PublishError(f"{topic}: {exc}") from None
+            if not info.is_published():
+                raise PublishError(f"{topic}: no PUBACK in {PUBLISH_TIMEOUT:g} s")
+            reason = acks.get(info.mid)
+            if reason is not None and reason.is_failure:
+                raise PublishError(f"the broker refused {topic}: {reason}")
     finally:
         client.disconnect()
         client.loop_stop()
@@ -112,13 +219,15 @@ def _publish_rounds(host: str, port: int, items: list[tuple[str, bytes]]) -> Non
 def cmd_rounds(args: argparse.Namespace) -> int:
     from coordinator.rounds import RoundManager
     from coordinator.service import load_or_create_key
+    from coordinator.store import open_store
 
-    store = _store(args)
+    publishing = args.rounds_cmd != "list" and not args.no_publish
+    o = _options(args, ("mqtt_ca", "mqtt_cert", "mqtt_key") if publishing else ())
+    store = open_store(o.db)
     try:
         published: list[tuple[str, bytes]] = []
-        publish = None if args.rounds_cmd == "list" or args.no_publish else \
-            (lambda t, p, r: published.append((t, p)))
-        manager = RoundManager(store, load_or_create_key(args.key), publish=publish)
+        publish = (lambda t, p, r: published.append((t, p))) if publishing else None
+        manager = RoundManager(store, load_or_create_key(o.key), publish=publish)
         if args.rounds_cmd == "list":
             rows = manager.list()
             print(json.dumps(rows if args.full else [{k: v for k, v in r.items() if k != "config"} for r in rows],
@@ -140,7 +249,15 @@ def cmd_rounds(args: argparse.Namespace) -> int:
         elif args.rounds_cmd == "publish":
             manager.republish()
         if published:
-            _publish_rounds(args.mqtt_host, args.mqtt_port, published)
+            try:
+                _publish_rounds(o, published)
+            except PublishError as exc:
+                stored = "" if args.rounds_cmd == "publish" else \
+                    "the change is stored, but devices have not been told: "
+                print(f"haarvest coordinator rounds {args.rounds_cmd}: {stored}{exc}\n"
+                      "  retry with `haarvest coordinator rounds publish` (same options) once the broker accepts "
+                      "this client", file=sys.stderr)
+                return 1
     finally:
         store.close()
     return 0
@@ -189,35 +306,65 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _option(sp: argparse.ArgumentParser, name: str, help: str | None = None, **kw: Any) -> None:
+    """``--name`` for the option ``name`` of :class:`coordinator.run_config.RunOptions`: left out of the namespace
+    unless given (so a ``--config`` file can supply it); the help shows the built-in default."""
+    from coordinator.run_config import RunOptions
+
+    field = RunOptions.model_fields[name]
+    text = help or field.description or ""
+    if field.default is not None and field.default is not False:
+        text = f"{text} (default {field.default})".strip()
+    sp.add_argument("--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS, help=text or None, **kw)
+
+
+CONFIG_HELP = ("TOML file of options: keys = the long options of `coordinator run` (mqtt_port = 8883, …); options "
+               "given on the command line override it (docs/coordinator.md)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("coordinator", help="the coordinator: ingest, rounds, estimates")
     sub = p.add_subparsers(dest="coordinator_cmd", required=True)
 
     def db(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--db", default=DEFAULT_DB, help="SQLite path or postgresql:// URL (default %(default)s)")
+        sp.add_argument("--config", metavar="FILE", default=None, help=CONFIG_HELP)
+        _option(sp, "db", metavar="DB")
 
     def mqtt(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--mqtt-host", default="127.0.0.1")
-        sp.add_argument("--mqtt-port", type=int, default=1883)
+        _option(sp, "mqtt_host")
+        _option(sp, "mqtt_port", type=int)
+        _option(sp, "mqtt_username")
+        _option(sp, "mqtt_password")
+        _option(sp, "mqtt_tls", action=argparse.BooleanOptionalAction,
+                help="connect with TLS (implied by --mqtt-ca or --mqtt-cert; without --mqtt-ca: the system's CAs)")
+        _option(sp, "mqtt_ca", help="CA certificate (PEM) of the broker: connect with TLS", metavar="FILE")
+        _option(sp, "mqtt_cert", help="client certificate (PEM) to present to the broker, e.g. CN coordinator "
+                "from `haarvest pki client --id coordinator`; with --mqtt-key", metavar="FILE")
+        _option(sp, "mqtt_key", help="the client certificate's private key (PEM)", metavar="FILE")
+        _option(sp, "mqtt_protocol", choices=("5", "3.1.1", "auto"),
+                help="MQTT protocol version (3.1.1 for brokers such as amqtt)")
+
+    def run_options(sp: argparse.ArgumentParser) -> None:
+        db(sp)
+        mqtt(sp)
+        _option(sp, "key", metavar="FILE")
+        _option(sp, "client_id")
+        _option(sp, "share_group", metavar="GROUP")
+        _option(sp, "batch_size", type=int, help="reports validated and committed per transaction at most")
+        _option(sp, "batch_ms", type=float, help="milliseconds a batch waits to fill up")
+        _option(sp, "replay_window", type=int, help="accept not yet stored sequence numbers this far below a "
+                "device's high-water mark (out-of-order delivery across shared-subscription workers)")
+        _option(sp, "http_host")
+        _option(sp, "http_port", type=int, metavar="PORT")
+        _option(sp, "devices", metavar="FILE")
 
     run = sub.add_parser("run", help="ingest reports over MQTT and serve the HTTP API until SIGTERM")
-    db(run)
-    mqtt(run)
-    run.add_argument("--key", default=DEFAULT_KEY, help="round-signing key file (created if missing)")
-    run.add_argument("--client-id", default="haarvest-coordinator")
-    run.add_argument("--share-group", default=None, help="MQTT v5 shared-subscription group for several workers")
-    run.add_argument("--batch-size", type=int, default=1000)
-    run.add_argument("--batch-ms", type=float, default=20.0)
-    run.add_argument("--replay-window", type=int, default=0)
-    run.add_argument("--http-host", default="127.0.0.1")
-    run.add_argument("--http-port", type=int, default=None, help="serve the API/dashboard on this port (0: any)")
-    run.add_argument("--devices", default=None, help="JSON file of devices to enroll at start")
-    run.add_argument("--mqtt-username", default=None)
-    run.add_argument("--mqtt-password", default=None)
-    run.add_argument("--mqtt-ca", default=None, help="CA certificate: connect with TLS")
-    run.add_argument("--mqtt-protocol", choices=("5", "3.1.1", "auto"), default="5",
-                     help="MQTT protocol version (3.1.1 for brokers such as amqtt; default %(default)s)")
+    run_options(run)
     run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check-config", help="validate the run options (--config FILE and flags), print them")
+    run_options(check)
+    check.set_defaults(func=cmd_check_config)
 
     en = sub.add_parser("enroll-device", help="register a device's Ed25519 public key")
     db(en)
@@ -239,7 +386,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sp = rsub.add_parser(name, help=helptext)
         db(sp)
         mqtt(sp)
-        sp.add_argument("--key", default=DEFAULT_KEY)
+        _option(sp, "key", metavar="FILE", help="round-signing key file")
         sp.add_argument("--no-publish", action="store_true", help="store only; do not publish to the broker")
         if name == "list":
             sp.add_argument("--full", action="store_true")

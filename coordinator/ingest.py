@@ -64,8 +64,15 @@ class IngestSettings:
     receive_maximum: int = 10000
     username: str | None = None
     password: str | None = None
-    tls_ca: str | None = None
+    tls_ca: str | None = None  # CA file; given (or tls_cert, or tls) → TLS
+    tls_cert: str | None = None  # client certificate (PEM), presented to the broker; with tls_key
+    tls_key: str | None = None  # the client certificate's private key (PEM)
+    tls: bool = False  # TLS with the system's CAs when no tls_ca is given
     protocol: str = "5"  # "5", "3.1.1" or "auto"
+
+    @property
+    def use_tls(self) -> bool:
+        return self.tls or self.tls_ca is not None or self.tls_cert is not None
 
 
 #: CONNACK codes meaning "unsupported protocol version" (3.1.1 return code 1, MQTT 5 reason 0x84).
@@ -104,6 +111,8 @@ class IngestWorker:
             raise ValueError(f"protocol must be '5', '3.1.1' or 'auto', got {settings.protocol!r}")
         if settings.shared_group is not None and settings.protocol == "3.1.1":
             raise ValueError("shared subscriptions need MQTT 5")
+        if settings.tls_key is not None and settings.tls_cert is None:
+            raise ValueError("tls_key without tls_cert")
         self.protocol = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
         self._version_failures = 0
         self._connacked = False
@@ -117,8 +126,8 @@ class IngestWorker:
         client.max_queued_messages_set(0)
         if s.username:
             client.username_pw_set(s.username, s.password)
-        if s.tls_ca:
-            client.tls_set(ca_certs=s.tls_ca)
+        if s.use_tls:
+            client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message

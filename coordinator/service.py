@@ -50,8 +50,11 @@ class CoordinatorConfig:
     devices_file: str | None = None
     mqtt_username: str | None = None
     mqtt_password: str | None = None
-    mqtt_tls_ca: str | None = None
+    mqtt_tls_ca: str | None = None  # CA file: connect with TLS
     mqtt_protocol: str = "5"  # "5", "3.1.1" (e.g. amqtt) or "auto"
+    mqtt_tls_cert: str | None = None  # client certificate presented to the broker (CN "coordinator"); with the key
+    mqtt_tls_key: str | None = None
+    mqtt_tls: bool = False  # TLS with the system's CAs when no mqtt_tls_ca is given
 
 
 def load_or_create_key(path: str | Path | None) -> Ed25519PrivateKey:
@@ -108,7 +111,8 @@ class Coordinator:
                                shared_group=self.config.shared_group, batch_size=self.config.batch_size,
                                batch_ms=self.config.batch_ms, username=self.config.mqtt_username,
                                password=self.config.mqtt_password, tls_ca=self.config.mqtt_tls_ca,
-                               protocol=self.config.mqtt_protocol),
+                               tls_cert=self.config.mqtt_tls_cert, tls_key=self.config.mqtt_tls_key,
+                               tls=self.config.mqtt_tls, protocol=self.config.mqtt_protocol),
                 self.store, self.validator, self.metrics)
         self.rounds = RoundManager(self.store, self.key, publish=self._publish if self.ingest else None,
                                    on_change=self.validator.set_round)

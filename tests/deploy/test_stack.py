@@ -114,16 +114,19 @@ def test_stack_two_rounds_over_tls(stack):
     assert json.loads(_hv("coordinator", "devices", "--db", db).stdout)[0]["status"] == "active"
 
     mqtt = ["--mqtt-host", env["MQTT_HOST"], "--mqtt-port", port]
+    pki = work / "pki"
+    # the coordinator's own certificate (CN "coordinator") on the devices' TLS listener, as the shipped ACL expects
+    tls = ["--mqtt-host", "127.0.0.1", "--mqtt-port", env["TLS_PORT"], "--mqtt-ca", str(pki / "ca.crt"),
+           "--mqtt-cert", str(pki / "clients" / "coordinator.crt"), "--mqtt-key", str(pki / "clients" / "coordinator.key")]
     for r, rid in enumerate(("r1", "r2")):
-        if r == 0:  # open and publish at once (the coordinator last re-read its rounds > 1 s ago, at start)
+        if r == 0:  # over the loopback listener
             _hv("coordinator", "rounds", "open", "--db", db, "--key", key, *mqtt, "--id", rid,
                 "--epsilon", env["ROUND_EPSILON"], "--params", "@" + env["ROUND_PARAMS"])
-        else:  # store, wait until the running coordinator is sure to re-read its rounds, then publish
-            _hv("coordinator", "rounds", "close", "--db", db, "--key", key, *mqtt, "--id", "r1")
-            _hv("coordinator", "rounds", "open", "--db", db, "--key", key, "--no-publish", "--id", rid,
+        else:  # over TLS with the coordinator's client certificate; published at once (the running coordinator
+            # looks up a round it does not know in the store: test_round_opened_elsewhere_is_known_to_the_validator)
+            _hv("coordinator", "rounds", "close", "--db", db, "--key", key, *tls, "--id", "r1")
+            _hv("coordinator", "rounds", "open", "--db", db, "--key", key, *tls, "--id", rid,
                 "--epsilon", env["ROUND_EPSILON"], "--params", "@" + env["ROUND_PARAMS"])
-            time.sleep(1.2)  # see test_round_opened_elsewhere_is_known_to_the_validator (tests/fault)
-            _hv("coordinator", "rounds", "publish", "--db", db, "--key", key, *mqtt)
         want = (r + 1) * N_AGENTS * len(STREAMS)
         try:
             _wait(lambda: _get_json(env["HTTP_URL"] + "/api/metrics")["stored_reports"] >= want, 45,
@@ -280,12 +283,12 @@ def test_documented_commands_parse():
 
     parser = build_parser()
     sources = {p: p.read_text() for p in (REPO / "deploy" / "README.md", STACK / "compose.yaml", STACK / "up.sh",
-                                          REPO / "deploy" / "systemd" / "haarvest-agent.service")}
+                                          REPO / "deploy" / "systemd" / "haarvest-agent.service",
+                                          REPO / "deploy" / "systemd" / "haarvest-coordinator.service",
+                                          REPO / "deploy" / "systemd" / "coordinator.toml.example")}
     seen = 0
     for path, text in sources.items():
         for argv in _documented_commands(text.replace("@/", "/").replace("ExecStart=", " ")):
-            if "--config" in argv and argv[:2] == ["coordinator", "run"]:
-                continue  # the shipped coordinator unit's ExecStart: see test_coordinator_unit_execstart_parses
             try:
                 parser.parse_args(argv)
             except SystemExit:
@@ -294,9 +297,6 @@ def test_documented_commands_parse():
     assert seen >= 29
 
 
-@pytest.mark.xfail(strict=False, reason="deploy/systemd/haarvest-coordinator.service runs `haarvest coordinator run "
-                   "--config /etc/haarvest/coordinator.toml`, but `coordinator run` has no --config option (the unit "
-                   "fails at start); deploy/README.md shows a drop-in ExecStart= with the real options")
 def test_coordinator_unit_execstart_parses():
     from haarvest.cli import build_parser
 
@@ -307,3 +307,8 @@ def test_coordinator_unit_execstart_parses():
         build_parser().parse_args(argv)
     except SystemExit:
         pytest.fail(f"the unit's ExecStart does not parse: {argv}")
+    from coordinator.run_config import load_options
+
+    # the file it names, as shipped (deploy/systemd/coordinator.toml.example), is a valid configuration
+    assert argv[argv.index("--config") + 1] == "/etc/haarvest/coordinator.toml"
+    assert load_options(REPO / "deploy" / "systemd" / "coordinator.toml.example").mqtt_cert is not None
