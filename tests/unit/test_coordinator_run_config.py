@@ -108,3 +108,14 @@ def test_check_config_prints_effective_options(tmp_path, capsys):
     shown = json.loads(out)
     assert shown["mqtt_ca"] == str(tmp_path / "ca.crt") and shown["tls"] and shown["http_port"] == 9000
     assert shown["mqtt_password"] == "***" and "secret" not in out
+
+
+@pytest.mark.parametrize("doc", ["docs/coordinator.md", "deploy/README.md"])
+def test_documented_config_examples_are_valid(tmp_path, doc):
+    import re
+
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", (ROOT / doc).read_text(), re.S) if "mqtt_port" in b]
+    assert blocks, f"{doc} shows no coordinator configuration"
+    for i, block in enumerate(blocks):
+        o = load_options(_write(tmp_path, block, f"c{i}.toml"))
+        assert o.tls and o.mqtt_cert and o.mqtt_key and o.mqtt_port == 8883
