@@ -45,10 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from coordinator.schemas import StreamSpec
 from protocols import wire
 
 from .agent import Agent, ReportOutcome
 from .config import AgentConfig, load_config, load_secrets
+from .state import State
 
 __all__ = [
     "ROUND_MESSAGE",
@@ -57,7 +61,9 @@ __all__ = [
     "DeviceSpec",
     "DeviceShard",
     "ShardAnswer",
+    "RoundCheck",
     "answer_round",
+    "raise_fd_limit",
     "make_client_app",
     "app",
 ]
@@ -74,7 +80,73 @@ RECORD_KEY = "haarvest"
 # --- one device, one round -----------------------------------------------------------------------------------
 
 
-def answer_round(agent: Agent, payload: bytes, now: float | None = None) -> tuple[str, ReportOutcome | None]:
+def _prevalidated(params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``params`` with each stream spec of a ``{stream: StreamSpec}`` mapping validated once (a spec that does not
+    validate is left as it is: the device refuses it as before). :meth:`Pipeline.plan_for` skips the validation of
+    an already validated spec, so every device of a shard answers from the same validated specs."""
+    streams = params.get("streams") if isinstance(params, Mapping) else None
+    if not isinstance(streams, Mapping):
+        return params
+    out: dict[str, Any] = {}
+    for name, spec in streams.items():
+        if isinstance(spec, Mapping) and not isinstance(spec, StreamSpec):
+            try:
+                spec = StreamSpec.model_validate(dict(spec))
+            except (ValueError, TypeError):
+                pass
+        out[name] = spec
+    return {**params, "streams": out}
+
+
+class RoundCheck:
+    """Decodes a signed round configuration and verifies its signature against a coordinator key — each distinct
+    (key, payload) once (a shard's devices verify the same bytes against the same provisioned key: Ed25519
+    verification is a deterministic function of key, message and signature, so one check stands for all of them).
+
+    Calling it returns ``(status, config, params)``: status ``ok`` (config verified; params = ``config.params`` with
+    the stream specs validated once, :func:`_prevalidated`), or ``malformed`` / ``no_coordinator_key`` /
+    ``bad_signature`` with config and params None. ``memo=False`` checks every call afresh.
+    """
+
+    def __init__(self, memo: bool = True, size: int = 8) -> None:
+        self.memo = memo
+        self.size = int(size)
+        self._seen: OrderedDict[tuple[bytes, bytes], tuple[str, wire.RoundConfig | None, Any]] = OrderedDict()
+        self.verified = 0
+
+    def __call__(self, payload: bytes, key: Ed25519PublicKey | None) -> tuple[str, wire.RoundConfig | None, Any]:
+        memo_key = (key.public_bytes_raw() if key is not None else b"", bytes(payload)) if self.memo else None
+        if memo_key is not None:
+            hit = self._seen.get(memo_key)
+            if hit is not None:
+                return hit
+        result = self._check(payload, key)
+        if memo_key is not None:
+            self._seen[memo_key] = result
+            while len(self._seen) > self.size:
+                self._seen.popitem(last=False)
+        return result
+
+    def _check(self, payload: bytes, key: Ed25519PublicKey | None) -> tuple[str, wire.RoundConfig | None, Any]:
+        try:
+            rc = wire.decode_round(payload)
+        except wire.WireError as exc:
+            log.warning("round config rejected", extra={"event": "round_rejected", "reason": exc.reason})
+            return "malformed", None, None
+        if key is None:
+            return "no_coordinator_key", None, None
+        self.verified += 1
+        try:
+            wire.verify_round(rc, key)
+        except wire.WireError as exc:
+            log.warning("round config rejected", extra={"event": "round_rejected", "round_id": rc.round_id,
+                                                        "reason": exc.reason})
+            return "bad_signature", None, None
+        return "ok", rc, _prevalidated(rc.params) if self.memo else rc.params
+
+
+def answer_round(agent: Agent, payload: bytes, now: float | None = None,
+                 check: RoundCheck | None = None) -> tuple[str, ReportOutcome | None]:
     """Verify a signed round configuration and answer it through the agent's pipeline and ledger.
 
     Returns ``(status, outcome)`` with status ``answered`` (outcome holds the commits), or one of ``malformed``,
@@ -84,24 +156,14 @@ def answer_round(agent: Agent, payload: bytes, now: float | None = None) -> tupl
     :meth:`edge_agent.agent.Agent.handle_round`, and the same stream contract
     (:meth:`edge_agent.pipeline.Pipeline.round_plans`): streams the device refuses are skipped as
     ``mismatch_<reason>`` (``unknown`` for streams it does not have), the others answered with the round's plans.
+    ``check``: the decoder/verifier (a shard shares one :class:`RoundCheck`; default: a fresh check).
     """
     state = agent.state
     if state is None or agent.pipeline is None:
         raise RuntimeError("agent is not open (call open())")
-    try:
-        rc = wire.decode_round(payload)
-    except wire.WireError as exc:
-        log.warning("round config rejected", extra={"event": "round_rejected", "reason": exc.reason})
-        return "malformed", None
-    key = agent.coordinator_key
-    if key is None:
-        return "no_coordinator_key", None
-    try:
-        wire.verify_round(rc, key)
-    except wire.WireError as exc:
-        log.warning("round config rejected", extra={"event": "round_rejected", "round_id": rc.round_id,
-                                                    "reason": exc.reason})
-        return "bad_signature", None
+    status, rc, params = (check or RoundCheck(memo=False))(payload, agent.coordinator_key)
+    if rc is None:
+        return status, None
     if state.round_seen(rc.round_id) is not None:
         return "seen", None
     now = agent.clock() if now is None else now
@@ -117,7 +179,7 @@ def answer_round(agent: Agent, payload: bytes, now: float | None = None) -> tupl
             return "refused_epsilon", None
         epsilon, clamped = max_eps, True
     try:
-        answer = agent.pipeline.round_plans(rc.params)  # the device/coordinator contract, as for MQTT rounds
+        answer = agent.pipeline.round_plans(params)  # the device/coordinator contract, as for MQTT rounds
     except ValueError as exc:
         state.record_round(rc.round_id, "refused", str(exc))
         return "malformed", None
@@ -163,27 +225,73 @@ class ShardAnswer:
         return out
 
 
-def _open_budget() -> int:
-    """How many agents one process may keep open: each open SQLite database in WAL mode holds 3 descriptors."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 20
-    return max(16, (int(soft) - 512) // 4)
+#: descriptors one open agent holds: its SQLite database, the write-ahead log and the WAL index (``-shm``)
+FDS_PER_AGENT = 3
+#: descriptors left for everything else in the process (Ray, gRPC, logs, the coordinator store)
+FD_RESERVE = 512
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise this process's descriptor limit (``RLIMIT_NOFILE``) towards ``wanted``: the soft limit up to the hard
+    one, and the hard one as well where the process may (root). Returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    inf = resource.RLIM_INFINITY
+    if soft != inf and soft < wanted:
+        if hard != inf and hard < wanted:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+            except (ValueError, OSError):
+                pass
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != inf and soft < wanted:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == inf else min(wanted, hard), hard))
+            except (ValueError, OSError):
+                pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (1 << 20) if soft == inf else int(soft)
+
+
+def _fd_budget() -> int:
+    """How many agents this process may keep open under its descriptor limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft = (1 << 20) if soft == resource.RLIM_INFINITY else int(soft)
+    return max(16, (soft - FD_RESERVE) // FDS_PER_AGENT)
 
 
 class _OpenAgents:
-    """Process-wide cache of open agents (keyed by state directory), bounded by the descriptor budget.
+    """Process-wide registry of the hosted devices' agents (keyed by state directory).
 
-    Agents stay open while the budget lasts; past it, an agent is opened for one round and closed again
-    (:meth:`release`). Rounds visit every device in the same order, so least-recently-used eviction would miss on
-    every access once the fleet outgrows the budget; keeping the first ``capacity`` agents open hits on that many.
+    An agent is built and opened (:meth:`Agent.open`: state database, boot counter, pipeline) once per process.
+    The first ``capacity`` agents keep their state database open across rounds; the others are *suspended* after
+    use (:meth:`release`): only their SQLite connection is closed — the agent itself, its pipeline, volatility
+    windows and counters stay in memory (every report flushed them to the database already) — and the database is
+    reattached on the next use. Rounds visit every device in the same order, so least-recently-used eviction would
+    miss on every access once the fleet outgrows the capacity; keeping the first ``capacity`` open hits on that
+    many. ``capacity`` is the smaller of the descriptor budget (3 descriptors per open database) and ``max_open``
+    (a memory bound: an open connection holds ~0.25 MB of SQLite page cache, schema and prepared statements).
     """
 
     def __init__(self) -> None:
-        self.agents: OrderedDict[str, Agent] = OrderedDict()
-        self.capacity = _open_budget()
+        self.agents: dict[str, Agent] = {}
+        self.resident: set[str] = set()
+        self.max_open: int | None = None
+        self.capacity = _fd_budget()
         self.opened = 0
-        self.transient = 0
+        self.reattached = 0
+
+    def configure(self, devices: int | None = None, max_open: int | None = None) -> int:
+        """Prepare for ``devices`` hosted devices (raising the descriptor limit where allowed) and bound the open
+        agents by ``max_open``; returns the capacity."""
+        if max_open is not None:
+            if max_open < 1:
+                raise ValueError("max_open must be >= 1")
+            self.max_open = int(max_open)
+        if devices is not None:
+            want = min(devices, self.max_open or devices)
+            raise_fd_limit(want * FDS_PER_AGENT + FD_RESERVE)
+        self.capacity = min(_fd_budget(), self.max_open or (1 << 62))
+        return self.capacity
 
     def _open(self, spec: DeviceSpec) -> Agent:
         cfg = spec.config
@@ -200,32 +308,38 @@ class _OpenAgents:
 
     def get(self, spec: DeviceSpec) -> Agent:
         """The device's open agent; call :meth:`release` when done with it."""
-        agent = self.agents.get(str(spec.config.state_dir))
-        if agent is not None:
-            return agent
-        agent = self._open(spec)
-        if len(self.agents) < self.capacity:
-            self.agents[str(spec.config.state_dir)] = agent
-        else:
-            self.transient += 1
+        key = str(spec.config.state_dir)
+        agent = self.agents.get(key)
+        if agent is None:
+            agent = self._open(spec)
+            self.agents[key] = agent
+            if len(self.resident) < self.capacity:
+                self.resident.add(key)
+        elif agent.state is None:
+            agent.state = State(agent.config.database_path)
+            self.reattached += 1
         return agent
 
     def release(self, agent: Agent) -> None:
-        """Close ``agent`` unless it is one of the agents kept open."""
-        if self.agents.get(str(agent.config.state_dir)) is not agent:
-            agent.close()
+        """Suspend ``agent`` (close its database connection) unless it is one of the agents kept open."""
+        key = str(agent.config.state_dir)
+        if key not in self.resident and agent.state is not None and self.agents.get(key) is agent:
+            agent.state.close()
+            agent.state = None
 
     def close_all(self) -> None:
+        """Close every agent (flushing counters and rounding state) and forget them."""
         while self.agents:
-            _, agent = self.agents.popitem(last=False)
+            _, agent = self.agents.popitem()
             agent.close()
+        self.resident.clear()
 
 
 OPEN_AGENTS = _OpenAgents()
 
 
 class DeviceShard:
-    """The devices one SuperNode hosts. Agents stay open across rounds (process-wide LRU, :data:`OPEN_AGENTS`).
+    """The devices one SuperNode hosts. Agents stay open across rounds (process-wide, :data:`OPEN_AGENTS`).
 
     ``before_round(t)`` is called with the message's simulated time step (simulations move their sources' clock).
     """
@@ -256,13 +370,16 @@ class DeviceShard:
         return ids, keys
 
     def answer(self, round_payload: bytes, t: int | None = None) -> ShardAnswer:
-        """Every hosted device answers the round (or refuses it); the reply carries each device's pending reports."""
+        """Every hosted device answers the round (or refuses it); the reply carries each device's pending reports.
+        The round configuration is decoded and verified once per coordinator key for the shard (:class:`RoundCheck`).
+        """
         if self.before_round is not None and t is not None:
             self.before_round(int(t))
         out = ShardAnswer()
+        check = RoundCheck()
         for spec in self.devices:
             agent = OPEN_AGENTS.get(spec)
-            status, outcome = answer_round(agent, round_payload)
+            status, outcome = answer_round(agent, round_payload, check=check)
             out.counters[f"status.{status}"] += 1
             if outcome is not None:
                 out.counters["charged_reports"] += sum(1 for c in outcome.commits if not c.memo_hit)

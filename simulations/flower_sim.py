@@ -27,10 +27,13 @@ every report with ``synchronous=FULL``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import logging
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -49,6 +52,9 @@ __all__ = [
     "STREAMS",
     "SimFleetSpec",
     "SimHostFactory",
+    "ShardHost",
+    "HostedShards",
+    "THREAD_ENV",
     "FlowerSimResult",
     "load_adult",
     "syn_values",
@@ -234,6 +240,123 @@ class SimHostFactory:
         return shard
 
 
+# --- shard hosts: every device lives in one process for the whole run ------------------------------------------
+
+#: thread pools of numeric libraries pinned to one thread per process (one process per core does the work)
+THREAD_ENV = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
+
+
+def host_devices(spec: SimFleetSpec, index: int, hosts: int) -> int:
+    """How many devices shard host ``index`` of ``hosts`` holds (partitions ``p`` with ``p mod hosts = index``)."""
+    return sum(len(spec.shard_devices(p)) for p in range(index, spec.n_shards, hosts))
+
+
+class ShardHost:
+    """The shards of one simulation worker process (a Ray actor, one per core; see :func:`run_flower_simulation`).
+
+    Flower's Simulation Runtime hands each message to whichever of its actors is idle, so a virtual SuperNode
+    would be served by a different process from round to round — and every move re-opens its devices (boot,
+    pipeline, state database) in the new process while the old one still holds them open. Here Flower's actors run
+    the ClientApp, whose host factory (:class:`HostedShards`) forwards each message to the ShardHost owning the
+    node's partition (``partition mod hosts``): a device lives in exactly one process for the whole run, as it
+    lives on one gateway. ``max_open`` bounds the device databases kept open (memory; see
+    :class:`edge_agent.flower_app._OpenAgents`).
+    """
+
+    def __init__(self, spec: SimFleetSpec, index: int, hosts: int, max_open: int | None = None) -> None:
+        from edge_agent.flower_app import OPEN_AGENTS
+
+        for name, value in THREAD_ENV.items():
+            os.environ.setdefault(name, value)
+        try:  # Ray starts its workers at nice 15: a host is the simulation's main work, give it the default priority
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        self.spec, self.index = spec, index
+        self.capacity = OPEN_AGENTS.configure(devices=host_devices(spec, index, hosts), max_open=max_open)
+        self.factory = SimHostFactory(spec)
+        self.busy: dict[str, list[float]] = {}
+        fleet_data(spec)
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def _timed(self, what: str, fn: Any, *args: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            return fn(*args)
+        finally:
+            acc = self.busy.setdefault(what, [0.0, 0.0])
+            acc[0] += time.perf_counter() - wall
+            acc[1] += time.process_time() - cpu
+            # thousands of agents are long-lived objects: keep the cyclic collector from re-traversing them (a full
+            # collection of a host's heap takes ~0.3-0.5 s); only objects created since are collected
+            gc.freeze()
+
+    def announce(self, partition: int) -> tuple[list[str], list[str]]:
+        return self._timed("announce", self.factory({"partition-id": partition}).announce)
+
+    def answer(self, partition: int, payload: bytes, t: int | None) -> Any:
+        return self._timed(f"round t={t}", self.factory({"partition-id": partition}).answer, payload, t)
+
+    def stats(self) -> dict[str, Any]:
+        """Agents opened (boots), database reattachments, the open capacity and the peak RSS (MiB) of this host."""
+        import resource
+
+        from edge_agent.flower_app import OPEN_AGENTS
+
+        return {"pid": os.getpid(), "agents": len(OPEN_AGENTS.agents), "opened": OPEN_AGENTS.opened,
+                "reattached": OPEN_AGENTS.reattached, "capacity": OPEN_AGENTS.capacity,
+                "busy_seconds": {k: {"wall": round(w, 3), "cpu": round(c, 3)} for k, (w, c) in self.busy.items()},
+                "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _host_name(run_id: str, index: int) -> str:
+    return f"haarvest-shard-host-{run_id}-{index}"
+
+
+_HOST_HANDLES: dict[str, Any] = {}
+
+
+class _RemoteShard:
+    """A node's shard as seen from a Flower actor: calls go to the owning :class:`ShardHost`."""
+
+    __slots__ = ("host", "partition")
+
+    def __init__(self, host: Any, partition: int) -> None:
+        self.host, self.partition = host, partition
+
+    def announce(self) -> tuple[list[str], list[str]]:
+        import ray
+
+        return ray.get(self.host.announce.remote(self.partition))
+
+    def answer(self, payload: bytes, t: int | None = None) -> Any:
+        import ray
+
+        return ray.get(self.host.answer.remote(self.partition, payload, t))
+
+
+@dataclass(frozen=True)
+class HostedShards:
+    """``host_factory`` for the Ray simulation: node config ``partition-id`` → the shard on its :class:`ShardHost`."""
+
+    spec: SimFleetSpec
+    hosts: int
+
+    def __call__(self, node_config: dict[str, Any]) -> Any:
+        partition = int(node_config["partition-id"])
+        name = _host_name(self.spec.run_id, partition % self.hosts)
+        handle = _HOST_HANDLES.get(name)
+        if handle is None:
+            import ray
+
+            handle = ray.get_actor(name)
+            _HOST_HANDLES[name] = handle
+        return _RemoteShard(handle, partition)
+
+
 # --- the driver -----------------------------------------------------------------------------------------------
 
 
@@ -270,6 +393,13 @@ def _default_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="haarvest-flower-", dir=base))
 
 
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def run_flower_simulation(
     devices: int = 1000,
     *,
@@ -283,8 +413,9 @@ def run_flower_simulation(
     keep_workdir: bool = False,
     timeout: float = 600.0,
     level: float = 0.95,
-    worker_cpus: float = 1.0,
-    ray_cpus: int | None = None,
+    workers: int | None = None,
+    forwarders: int | None = None,
+    max_open: int | None = None,
     planner: dict[str, Any] | None = None,
     adult_path: str | Path = ADULT_PATH,
     verbose: bool = False,
@@ -293,7 +424,11 @@ def run_flower_simulation(
     rounds on Flower's Simulation Runtime (Ray). Round 1 uses the base parameters, later rounds are planned from the
     earlier rounds' estimates. Needs ``flwr[simulation]==1.41.0``.
 
-    ``worker_cpus``: CPUs per simulation worker (Ray actor); ``ray_cpus``: CPUs Ray may use (default: all).
+    Processes: ``workers`` shard hosts (:class:`ShardHost`, default one per core) own the devices, partition p on
+    host ``p mod workers``; ``forwarders`` Flower actors (default 2 per worker) run the ClientApp and forward each
+    node's messages to its host (several in flight, so every host always has a node's round queued); the ServerApp
+    (coordinator) runs in this process. ``max_open``: device databases each host keeps open (default: as many as
+    the descriptor limit allows, raised where permitted; the others are reattached for each round).
     """
     if devices < 1 or rounds < 1:
         raise ValueError("need devices >= 1 and rounds >= 1")
@@ -305,7 +440,14 @@ def run_flower_simulation(
         shard_size = math.ceil(devices / n_nodes)
     if shard_size < 1:
         raise ValueError("shard_size must be >= 1")
+    workers = _cores() if workers is None else int(workers)
+    forwarders = 2 * workers if forwarders is None else int(forwarders)
+    if workers < 1 or forwarders < 1:
+        raise ValueError("need workers >= 1 and forwarders >= 1")
 
+    for name, value in THREAD_ENV.items():
+        os.environ.setdefault(name, value)
+    import ray
     from flwr.simulation import run_simulation
 
     from coordinator.flower_app import FlowerCoordinator, FlowerSettings, make_server_app
@@ -323,6 +465,7 @@ def run_flower_simulation(
         adult_path=str(adult_path), epsilon=epsilon, streams=tuple(streams),
     )
     n_nodes = spec.n_shards
+    workers = min(workers, n_nodes)
     store = open_store(root / "coordinator.sqlite3")
     settings = FlowerSettings(
         base_params=round_params(spec), rounds=rounds, epsilon=spec.max_round_epsilon, round_prefix="sim",
@@ -335,18 +478,37 @@ def run_flower_simulation(
 
     def timed_run_round(grid: Any, index: int, nodes_: Any = None) -> Any:
         marks.setdefault("first_round", time.perf_counter())
+        gc.freeze()  # the coordinator's long-lived state (devices, Flower, stores) out of the cyclic collector's way
         return original_run_round(grid, index, nodes_)
 
     coordinator.run_round = timed_run_round  # type: ignore[method-assign]
     done: list[Any] = []
-    server_app = make_server_app(coordinator, on_done=done.append)
-    client_app = make_client_app(SimHostFactory(spec))
-    init_args: dict[str, Any] = {"include_dashboard": False, "object_store_memory": 256 * 1024 * 1024,
-                                 "ignore_reinit_error": True}
-    if ray_cpus is not None:
-        init_args["num_cpus"] = int(ray_cpus)
-    backend_config = {"client_resources": {"num_cpus": float(worker_cpus), "num_gpus": 0.0}, "init_args": init_args}
+    hosts: list[Any] = []
+    extra: dict[str, Any] = {"workers": workers, "forwarders": forwarders}
+
+    def on_done(summaries: list[Any]) -> None:
+        done.append(summaries)
+        try:  # Flower shuts Ray down when the ServerApp returns: ask the hosts now
+            extra["hosts"] = ray.get([h.stats.remote() for h in hosts], timeout=60)
+        except Exception as exc:  # noqa: BLE001 - statistics only
+            extra["hosts_error"] = repr(exc)
+
+    server_app = make_server_app(coordinator, on_done=on_done)
+    client_app = make_client_app(HostedShards(spec, workers))
+    own_ray = not ray.is_initialized()
+    if own_ray:  # initialised here (Flower then uses it as it is): the workers get the thread pinning too
+        pythonpath = os.pathsep.join([p for p in sys.path if p] + ([os.environ["PYTHONPATH"]]
+                                                                   if os.environ.get("PYTHONPATH") else []))
+        ray.init(num_cpus=workers, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **THREAD_ENV}},
+                 logging_level=logging.INFO if verbose else logging.WARNING, log_to_driver=verbose)
     try:
+        host_cls = ray.remote(ShardHost)
+        hosts = [host_cls.options(name=_host_name(spec.run_id, h), num_cpus=0, max_concurrency=1)
+                 .remote(spec, h, workers, max_open) for h in range(workers)]
+        ray.get([h.ready.remote() for h in hosts])
+        cpus = float(ray.cluster_resources().get("CPU", workers))
+        backend_config = {"client_resources": {"num_cpus": cpus / forwarders, "num_gpus": 0.0}}
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n_nodes,
                        backend_config=backend_config, verbose_logging=verbose)
         if not done:
@@ -356,8 +518,18 @@ def run_flower_simulation(
         total = time.perf_counter() - t_start
         startup = marks.get("first_round", time.perf_counter()) - t_start
         return FlowerSimResult(spec=spec, summaries=summaries, truths=truths, startup_seconds=startup,
-                               round_seconds=[s.seconds for s in summaries], total_seconds=total, n_nodes=n_nodes)
+                               round_seconds=[s.seconds for s in summaries], total_seconds=total, n_nodes=n_nodes,
+                               extra=extra)
     finally:
+        _HOST_HANDLES.clear()
+        if ray.is_initialized():  # Flower's backend shuts Ray down at the end of a run; after a failure, we do
+            for h in hosts:
+                try:
+                    ray.kill(h)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            if own_ray:
+                ray.shutdown()
         store.close()
         if workdir is None and not keep_workdir:
             shutil.rmtree(root, ignore_errors=True)
@@ -377,7 +549,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", default="age,edu,syn", help="comma-separated subset of age,edu,syn")
     parser.add_argument("--workdir", default=None, help="device and coordinator state (default: a temp dir, removed)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-round straggler timeout (s)")
-    parser.add_argument("--worker-cpus", type=float, default=1.0, help="CPUs per simulation worker")
+    parser.add_argument("--workers", type=int, default=None, help="shard host processes (default: one per core)")
+    parser.add_argument("--max-open", type=int, default=None,
+                        help="device databases each host keeps open (default: as the descriptor limit allows)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
@@ -386,7 +560,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     result = run_flower_simulation(
         args.devices, shard_size=args.shard_size, nodes=args.nodes, rounds=args.rounds, seed=args.seed,
         epsilon=args.epsilon, streams=tuple(s.strip() for s in args.streams.split(",") if s.strip()),
-        workdir=args.workdir, timeout=args.timeout, worker_cpus=args.worker_cpus,
+        workdir=args.workdir, timeout=args.timeout, workers=args.workers, max_open=args.max_open,
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
