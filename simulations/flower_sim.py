@@ -55,6 +55,11 @@ __all__ = [
     "ShardHost",
     "HostedShards",
     "THREAD_ENV",
+    "OPEN_DEVICE_BYTES",
+    "CLOSED_DEVICE_BYTES",
+    "available_memory",
+    "default_max_open",
+    "memory_needed",
     "FlowerSimResult",
     "load_adult",
     "syn_values",
@@ -312,6 +317,47 @@ class ShardHost:
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+#: memory of a device whose database stays open: the SQLite connection (page cache, schema, prepared statements,
+#: ~0.28 MiB resident) plus its write-ahead log and WAL index on tmpfs (~0.33 MiB after two rounds); measured
+OPEN_DEVICE_BYTES = 640 * 1024
+#: memory of a device whose database is closed between rounds: the agent (pipeline, plans, ~15 KiB resident) plus
+#: its checkpointed database file on tmpfs (~70 KiB); measured
+CLOSED_DEVICE_BYTES = 96 * 1024
+#: Ray, Flower's actors, the coordinator and its store
+SIM_OVERHEAD_BYTES = 3 << 30
+
+
+def available_memory() -> int:
+    """``MemAvailable`` of /proc/meminfo in bytes (0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def default_max_open(devices: int, workers: int, memory: int | None = None) -> int:
+    """Open device databases per host for ``devices`` devices on ``workers`` hosts: all of them while every device
+    open fits half of the available memory (:data:`OPEN_DEVICE_BYTES` each); else as many as fit that half next to
+    the closed ones (:data:`CLOSED_DEVICE_BYTES`), at least 100 per host."""
+    memory = available_memory() if memory is None else memory
+    per_host = math.ceil(devices / max(1, workers))
+    budget = 0.5 * memory
+    if memory <= 0 or devices * OPEN_DEVICE_BYTES <= budget:
+        return max(1, per_host)
+    fit = (budget - devices * CLOSED_DEVICE_BYTES) / (OPEN_DEVICE_BYTES - CLOSED_DEVICE_BYTES) / max(1, workers)
+    return max(1, min(per_host, max(100, int(fit))))
+
+
+def memory_needed(devices: int, workers: int, max_open: int) -> int:
+    """Estimated memory (RAM plus tmpfs) of a simulation: open and closed devices plus the fixed overhead."""
+    open_devices = min(devices, workers * max_open)
+    return open_devices * OPEN_DEVICE_BYTES + (devices - open_devices) * CLOSED_DEVICE_BYTES + SIM_OVERHEAD_BYTES
+
+
 def _host_name(run_id: str, index: int) -> str:
     return f"haarvest-shard-host-{run_id}-{index}"
 
@@ -427,8 +473,9 @@ def run_flower_simulation(
     Processes: ``workers`` shard hosts (:class:`ShardHost`, default one per core) own the devices, partition p on
     host ``p mod workers``; ``forwarders`` Flower actors (default 2 per worker) run the ClientApp and forward each
     node's messages to its host (several in flight, so every host always has a node's round queued); the ServerApp
-    (coordinator) runs in this process. ``max_open``: device databases each host keeps open (default: as many as
-    the descriptor limit allows, raised where permitted; the others are reattached for each round).
+    (coordinator) runs in this process. ``max_open``: device databases each host keeps open (default:
+    :func:`default_max_open`, all of them while they fit a quarter of the available memory; the descriptor limit is
+    raised where permitted); the others are closed after each round and reattached for the next.
     """
     if devices < 1 or rounds < 1:
         raise ValueError("need devices >= 1 and rounds >= 1")
@@ -466,6 +513,8 @@ def run_flower_simulation(
     )
     n_nodes = spec.n_shards
     workers = min(workers, n_nodes)
+    if max_open is None:
+        max_open = default_max_open(devices, workers)
     store = open_store(root / "coordinator.sqlite3")
     settings = FlowerSettings(
         base_params=round_params(spec), rounds=rounds, epsilon=spec.max_round_epsilon, round_prefix="sim",
@@ -484,7 +533,7 @@ def run_flower_simulation(
     coordinator.run_round = timed_run_round  # type: ignore[method-assign]
     done: list[Any] = []
     hosts: list[Any] = []
-    extra: dict[str, Any] = {"workers": workers, "forwarders": forwarders}
+    extra: dict[str, Any] = {"workers": workers, "forwarders": forwarders, "max_open": max_open}
 
     def on_done(summaries: list[Any]) -> None:
         done.append(summaries)
@@ -551,7 +600,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="per-round straggler timeout (s)")
     parser.add_argument("--workers", type=int, default=None, help="shard host processes (default: one per core)")
     parser.add_argument("--max-open", type=int, default=None,
-                        help="device databases each host keeps open (default: as the descriptor limit allows)")
+                        help="device databases each host keeps open (default: as many as fit a quarter of the memory)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
