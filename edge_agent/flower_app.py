@@ -33,6 +33,12 @@ lost in transit costs ε but never leaks anything); reports left ``pending`` by 
 Which devices a node hosts: a *host factory* installed with :func:`make_client_app` (simulations), else the node
 config key ``agent-config`` (one or more agent TOML paths separated by ``,``; ``flower-supernode --node-config
 "agent-config='/etc/haarvest/agent.toml'"``).
+
+Many devices per process (a gateway, a simulation host): agents are built once per process and stay open
+(:data:`OPEN_AGENTS`; the descriptor limit is raised where allowed, 3 descriptors per open database); beyond the
+capacity an agent keeps its pipeline and in-memory state and only its database connection is closed between
+rounds. A shard decodes and verifies each round configuration once per coordinator key (:class:`RoundCheck`) —
+the same check every device would make on the same bytes.
 """
 
 from __future__ import annotations

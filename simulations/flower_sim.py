@@ -19,9 +19,18 @@ step r. Streams (ε each, one device answers all of them per round):
 The truth of every round (means and marginals of exactly the simulated devices) is returned with the estimates.
 Device noise uses OS entropy (product code); the data are drawn from a seeded generator.
 
-Shards are created lazily in the simulation workers (Ray actors) by a small picklable :class:`SimHostFactory`;
-device state lives in ``workdir`` (by default a fresh directory under /dev/shm when it exists: the agents commit
-every report with ``synchronous=FULL``).
+**Processes.** One :class:`ShardHost` per core (a Ray actor) owns the devices of the partitions ``p ≡ index (mod
+hosts)`` for the whole run; Flower's actors run the ClientApp, whose host factory (:class:`HostedShards`) forwards
+each node's message to the owning host — Flower's Simulation Runtime would otherwise serve a node from whichever of
+its actors is idle, re-opening its devices in another process every time it moves. The coordinator (ServerApp) runs
+in the driver process. Shards are built lazily in their host by :class:`SimHostFactory` (which also serves tests
+in-process); device state lives in ``workdir`` (by default a fresh directory under /dev/shm when it exists: the
+agents commit every report with ``synchronous=FULL``). A host keeps as many device databases open as fit half the
+available memory (:func:`default_max_open`) and reattaches the others' databases for each round.
+
+**Cost model** (2 cores, measured; the rounds are CPU-bound): a device round costs ~1.5 ms of CPU in the agent
+(steady state; ~2.4 ms when every stream charges) plus ~0.65 ms on the coordinator (three Ed25519 verifications,
+parsing, checks, commit); a round takes at least their sum times the devices over the cores.
 """
 
 from __future__ import annotations

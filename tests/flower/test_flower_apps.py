@@ -17,7 +17,15 @@ from coordinator.schemas import parse_round_params  # noqa: E402
 from coordinator.store import open_store  # noqa: E402
 from edge_agent.agent import Agent  # noqa: E402
 from edge_agent.embed import new_identity  # noqa: E402
-from edge_agent.flower_app import DeviceShard, DeviceSpec, OPEN_AGENTS, answer_round, make_client_app  # noqa: E402
+from edge_agent.flower_app import (  # noqa: E402
+    OPEN_AGENTS,
+    DeviceShard,
+    DeviceSpec,
+    RoundCheck,
+    answer_round,
+    make_client_app,
+    raise_fd_limit,
+)
 from edge_agent.sources import IterableSource  # noqa: E402
 from protocols import wire  # noqa: E402
 from simulations.flower_sim import SimFleetSpec, SimHostFactory, device_config, round_params  # noqa: E402
@@ -191,3 +199,70 @@ def test_shard_reply_resends_pending_reports(fast_path):
     rounds = sorted({wire.decode_report(p).round_id for p in answer.payloads})
     assert rounds == ["r0", "r1"]
     assert dataclasses.is_dataclass(answer) and np.all([isinstance(p, bytes) for p in answer.payloads])
+
+
+def test_shard_verifies_a_round_once_and_every_device_answers(fast_path):
+    key = wire.generate_signing_key()
+    spec = _spec(fast_path, key, n=6, shard=6)
+    shard = SimHostFactory(spec)({"partition-id": 0})
+    params = round_params(spec)
+    answer = shard.answer(_round(key, "r1", params=params), t=0)
+    assert answer.counters["status.answered"] == 6 and len(answer.payloads) == 18
+    forged = shard.answer(_round(wire.generate_signing_key(), "r2", params=params), t=1)
+    assert forged.counters["status.bad_signature"] == 6 and not forged.payloads
+    # one decode + verification per (coordinator key, payload) stands for every device of the shard
+    check = RoundCheck()
+    payload = _round(key, "r3", params=params)
+    statuses = [answer_round(a, payload, check=check)[0] for a in shard.agents()]
+    assert statuses == ["answered"] * 6 and check.verified == 1
+    # the shared check hands every device the same validated stream specs: the same plans as a fresh check
+    a = shard.agents()[0]
+    _, _, shared = check(payload, a.coordinator_key)
+    assert a.pipeline.round_plans(shared).plans.keys() == a.pipeline.round_plans(params).plans.keys()
+    assert RoundCheck(memo=False)(payload, None)[0] == "no_coordinator_key"
+
+
+def test_agents_beyond_capacity_are_suspended_not_rebooted(fast_path):
+    key = wire.generate_signing_key()
+    spec = _spec(fast_path, key, n=8, shard=8)
+    saved = (OPEN_AGENTS.max_open, OPEN_AGENTS.capacity)
+    try:
+        assert OPEN_AGENTS.configure(devices=8, max_open=3) == 3
+        opened, reattached = OPEN_AGENTS.opened, OPEN_AGENTS.reattached
+        shard = SimHostFactory(spec)({"partition-id": 0})
+        shard.announce()
+        params = round_params(spec)
+        for r in range(3):
+            answer = shard.answer(_round(key, f"r{r}", params=params), t=r)
+            assert answer.counters["status.answered"] == 8 and len(answer.payloads) == 24
+        assert OPEN_AGENTS.opened - opened == 8  # every agent built and opened once: its pipeline survives suspension
+        assert OPEN_AGENTS.reattached - reattached == 5 * 3  # the 5 beyond capacity reattach their database each round
+        suspended = [a for a in OPEN_AGENTS.agents.values() if a.state is None]
+        assert len(suspended) == 5
+        for spec_ in shard.devices:
+            agent = OPEN_AGENTS.get(spec_)
+            assert agent.state.boot == 1 and agent.boot == 1  # a reattachment is not a reboot
+            assert agent.state.check_invariants()["ok"] and agent.state.pending_count() == 0
+            assert agent.state.round_seen("r2") == "answered"
+            OPEN_AGENTS.release(agent)
+    finally:
+        OPEN_AGENTS.close_all()
+        OPEN_AGENTS.max_open, OPEN_AGENTS.capacity = saved
+
+
+def test_descriptor_limit_and_memory_policy():
+    import resource
+
+    from simulations.flower_sim import CLOSED_DEVICE_BYTES, OPEN_DEVICE_BYTES, default_max_open, memory_needed
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert raise_fd_limit(64) >= min(64, soft if soft != resource.RLIM_INFINITY else 64)
+    gib = 1 << 30
+    assert default_max_open(10_000, 2, 24 * gib) == 5_000  # 10,000 open databases fit half of 24 GiB
+    small = default_max_open(100_000, 2, 24 * gib)
+    assert 100 <= small < 50_000
+    # what is left of half the memory after the closed devices holds the open ones
+    budget = 12 * gib - 100_000 * CLOSED_DEVICE_BYTES
+    assert abs(2 * small * (OPEN_DEVICE_BYTES - CLOSED_DEVICE_BYTES) - budget) <= 2 * OPEN_DEVICE_BYTES
+    assert memory_needed(100_000, 2, small) < 24 * gib
+    assert default_max_open(100_000, 2, 1 * gib) == 100  # floor

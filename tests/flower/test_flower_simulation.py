@@ -38,6 +38,11 @@ def sim(fast_module_path):
 
 def test_simulation_end_to_end(sim):
     assert sim.n_nodes == NODES and len(sim.summaries) == ROUNDS
+    # every device lives in one shard host for the whole run: built and opened once, never reopened elsewhere
+    hosts = sim.extra["hosts"]
+    assert len({h["pid"] for h in hosts}) == len(hosts) == sim.extra["workers"]
+    assert sum(h["agents"] for h in hosts) == sum(h["opened"] for h in hosts) == DEVICES
+    assert all(h["reattached"] == 0 for h in hosts)
     base = parse_round_params(flower_sim.round_params(sim.spec))
     for r, (summary, truth) in enumerate(zip(sim.summaries, sim.truths)):
         assert summary.nodes_replied == NODES and summary.node_errors == 0
