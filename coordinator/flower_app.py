@@ -128,6 +128,7 @@ class RoundSummary:
     seconds_collect: float = 0.0
     seconds_ingest: float = 0.0
     cpu_ingest: float = 0.0
+    cpu_process: float = 0.0
     seconds_estimate: float = 0.0
     estimates: dict[str, StreamEstimate] = field(default_factory=dict)
 
@@ -148,6 +149,7 @@ class RoundSummary:
             "seconds_collect": self.seconds_collect,
             "seconds_ingest": self.seconds_ingest,
             "cpu_ingest": self.cpu_ingest,
+            "cpu_process": self.cpu_process,
             "seconds_estimate": self.seconds_estimate,
             "estimates": {k: v.to_dict() for k, v in self.estimates.items()},
         }
@@ -350,7 +352,7 @@ class FlowerCoordinator:
     def run_round(self, grid: Any, index: int, nodes: Sequence[int] | None = None) -> RoundSummary:
         from flwr.app import ConfigRecord, RecordDict
 
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         nodes = list(nodes) if nodes is not None else sorted(int(n) for n in grid.get_node_ids())
         config = self.open_round(index)
         summary = RoundSummary(round_id=config.round_id, config=config, nodes_asked=len(nodes))
@@ -369,6 +371,7 @@ class FlowerCoordinator:
         summary.estimates = estimate_round(self.store, config.round_id, level=self.settings.level)
         summary.seconds_estimate = time.perf_counter() - t_closed
         summary.seconds = time.perf_counter() - t0
+        summary.cpu_process = time.process_time() - cpu0
         self.summaries.append(summary)
         log.info("round %s: %d/%d nodes, %d reports accepted, rejected %s, %.2f s", config.round_id,
                  summary.nodes_replied, summary.nodes_asked, summary.accepted, dict(summary.rejected), summary.seconds)
