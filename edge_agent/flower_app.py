@@ -420,6 +420,7 @@ def _config_host(node_config: Mapping[str, Any]) -> DeviceShard:
     host = _HOSTS.get(key)
     if host is None:
         host = DeviceShard([DeviceSpec(load_config(Path(p.strip()))) for p in paths.split(",") if p.strip()])
+        OPEN_AGENTS.configure(devices=sum(len(h.devices) for h in _HOSTS.values()) + len(host.devices))
         _HOSTS[key] = host
     return host
 
