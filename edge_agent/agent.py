@@ -106,7 +106,7 @@ class Agent:
         self.pipeline = Pipeline(self.config, self.secrets.hmac_secret, self.state.load_rounding())
         self._persist_rounding()
         if self.transport is not None:
-            self.transport.start({"boot": self.boot, "public_key": self.secrets.public_key_b64})
+            self.transport.start({"boot": self.boot, "key_id": self.secrets.key_id})
         log.info(
             "agent started",
             extra={

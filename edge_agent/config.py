@@ -517,6 +517,13 @@ class Secrets:
     def public_key_b64(self) -> str:
         return wire.public_key_b64(self.signing_key)
 
+    @property
+    def key_id(self) -> str:
+        """A public fingerprint of the report key (safe to publish, e.g. in the retained status message)."""
+        import hashlib
+
+        return hashlib.sha256(self.public_key_b64.encode()).hexdigest()[:16]
+
 
 def _read_secret_file(path: Path, what: str) -> str:
     try:
