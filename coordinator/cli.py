@@ -119,12 +119,23 @@ def cmd_enroll(args: argparse.Namespace) -> int:
         for device_id, pub in records:
             if not re.match(wire.IDENT, device_id):
                 raise ValueError(f"bad device id {device_id!r}")
-            wire.load_public_key(pub)
-            store.upsert_device(device_id, pub, "revoked" if args.revoke else "active")
+            wire.load_registry_key(pub)
+            store.upsert_device(device_id, pub.strip(), "revoked" if args.revoke else "active")
     finally:
         store.close()
     print(json.dumps({"enrolled" if not args.revoke else "revoked": [d for d, _ in records]}))
     return 0
+
+
+def _device_listing(device_id: str, key: str, status: str) -> dict[str, str]:
+    """A registry row for display: HMAC report keys are secrets, so only their fingerprint is shown."""
+    from protocols import wire
+
+    row = {"device_id": device_id, "algorithm": "hmac-sha256" if key.startswith("hmac-sha256:") else "ed25519",
+           "key_id": wire.registry_key_id(key), "status": status}
+    if row["algorithm"] == "ed25519":
+        row["public_key"] = key
+    return row
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -133,8 +144,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         devices = store.devices()
     finally:
         store.close()
-    print(json.dumps([{"device_id": d, "public_key": k, "status": s} for d, (k, s) in sorted(devices.items())],
-                     indent=1))
+    print(json.dumps([_device_listing(d, k, s) for d, (k, s) in sorted(devices.items())], indent=1))
     return 0
 
 

@@ -172,8 +172,8 @@ class Coordinator:
 
         if not re.match(wire.IDENT, device_id):
             raise ValueError(f"device id {device_id!r} is not a valid identifier")
-        wire.load_public_key(public_key)
-        self.store.upsert_device(device_id, public_key, status)
+        wire.load_registry_key(public_key)
+        self.store.upsert_device(device_id, public_key.strip(), status)
         if hasattr(self, "validator"):
             self.validator.refresh_devices()
 

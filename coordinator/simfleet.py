@@ -1,6 +1,6 @@
 """A simulated fleet of signing devices, for tests, benchmarks and demos (not used by the coordinator itself).
 
-Each simulated device has an Ed25519 key, a boot counter and a strictly increasing sequence number, and emits
+Each simulated device has a report key (Ed25519 by default, or HMAC-SHA256), a boot counter and a strictly increasing sequence number, and emits
 ``(topic, payload)`` pairs exactly as a real device would (:mod:`protocols.wire`, body convention of
 :mod:`coordinator.schemas`). Privatization is left to the caller (``mechanism.privatize`` over the whole fleet
 at once, vectorised), so this module only signs.
@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from coordinator.schemas import make_body
 from protocols import registry, wire
 
@@ -22,14 +20,15 @@ __all__ = ["SimDevice", "SimFleet"]
 @dataclass
 class SimDevice:
     device_id: str
-    key: Ed25519PrivateKey
+    key: wire.DeviceKey
     boot: int = 1
     seq: int = 0
     history: list[tuple[str, bytes]] = field(default_factory=list)
 
     @property
     def public_key(self) -> str:
-        return wire.public_key_b64(self.key)
+        """The registry entry (:func:`protocols.wire.registry_key`)."""
+        return wire.registry_key(self.key)
 
     @property
     def topic(self) -> str:
@@ -45,12 +44,12 @@ class SimDevice:
 
 
 class SimFleet:
-    """``n`` devices named ``<prefix>-00000`` …"""
+    """``n`` devices named ``<prefix>-00000`` …, with ``signature`` report keys (``ed25519`` or ``hmac-sha256``)."""
 
-    def __init__(self, n: int, prefix: str = "dev") -> None:
+    def __init__(self, n: int, prefix: str = "dev", signature: str = "ed25519") -> None:
         if n < 1:
             raise ValueError("a fleet needs at least one device")
-        self.devices = [SimDevice(f"{prefix}-{i:05d}", wire.generate_signing_key()) for i in range(n)]
+        self.devices = [SimDevice(f"{prefix}-{i:05d}", wire.generate_device_key(signature)) for i in range(n)]
 
     def __len__(self) -> int:
         return len(self.devices)

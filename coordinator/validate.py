@@ -2,7 +2,8 @@
 
 Order of the checks (cheapest and least trusting first)::
 
-    size → decode (pydantic) → topic/device binding → enrolled → signature → round exists and is open →
+    size → decode (pydantic) → topic/device binding → enrolled → signature (Ed25519 or HMAC-SHA256, as the
+    device's registry entry says) → round exists and is open →
     stream and mechanism match the round → body shape and support → replay / duplicate / second report for the stream
 
 Reason codes (``WireError.reason``): ``too_large``, ``malformed``, ``schema`` (from :mod:`protocols.wire`),
@@ -42,8 +43,6 @@ import json
 import threading
 import time
 from typing import Any
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from coordinator.decode import StreamDecoder
 from coordinator.schemas import RoundParams, StreamSpec, body_row, parse_round_params
@@ -105,7 +104,7 @@ class Validator:
         self.refresh_interval = float(refresh_interval)
         self.negative_ttl = float(negative_ttl)
         self._lock = threading.RLock()
-        self._keys: dict[str, tuple[Ed25519PublicKey | None, str]] = {}
+        self._keys: dict[str, tuple[wire.VerifyKey | None, str, str]] = {}  # id → (key, status, registry text)
         self._rounds: dict[str, _Round] = {}
         self._hwm: dict[str, int] = {}
         self._reported: set[tuple[str, str, str]] = set()
@@ -128,15 +127,17 @@ class Validator:
 
     def refresh_devices(self) -> None:
         with self._lock:
-            keys: dict[str, tuple[Ed25519PublicKey | None, str]] = {}
-            for device_id, (pub, status) in self.store.devices().items():
+            keys: dict[str, tuple[wire.VerifyKey | None, str, str]] = {}
+            for device_id, (text, status) in self.store.devices().items():
                 old = self._keys.get(device_id)
-                try:
-                    key = old[0] if old and old[0] is not None and wire.public_key_b64(old[0]) == pub \
-                        else wire.load_public_key(pub)
-                except ValueError:
-                    key = None  # a corrupt registry entry rejects the device's reports, never crashes ingest
-                keys[device_id] = (key, status)
+                if old is not None and old[2] == text:
+                    key = old[0]
+                else:
+                    try:
+                        key = wire.load_registry_key(text)  # Ed25519 public key or HMAC report key
+                    except ValueError:
+                        key = None  # a corrupt registry entry rejects the device's reports, never crashes ingest
+                keys[device_id] = (key, status, text)
             self._keys = keys
             self._devices_loaded = time.monotonic()
 
@@ -173,11 +174,11 @@ class Validator:
         if topic_device != report.device_id:
             raise wire.WireError("device_mismatch", f"topic names {topic_device!r}, report {report.device_id!r}")
         with self._lock:
-            key, status = self._device(report.device_id)
+            key, status, _ = self._device(report.device_id)
             if status != "active":
                 raise wire.WireError("revoked_device", report.device_id)
             if key is None:
-                raise wire.WireError("unknown_device", "registered public key is unusable")
+                raise wire.WireError("unknown_device", "registered key is unusable")
             try:
                 wire.verify_report(report, topic, key)
             except wire.WireError:
@@ -219,7 +220,7 @@ class Validator:
             self._decoders[key] = dec
         return dec
 
-    def _device(self, device_id: str) -> tuple[Ed25519PublicKey | None, str]:
+    def _device(self, device_id: str) -> tuple[wire.VerifyKey | None, str, str]:
         entry = self._keys.get(device_id)
         if entry is None and time.monotonic() - self._devices_loaded >= self.refresh_interval:
             self.refresh_devices()

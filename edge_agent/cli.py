@@ -87,8 +87,10 @@ def cmd_enroll(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     try:
-        secrets = create_secrets(cfg, overwrite=args.force)
+        secrets = create_secrets(cfg, overwrite=args.force, signature=args.signature)
         created = True
+    except ConfigError as exc:
+        return _fail(str(exc))
     except FileExistsError as exc:
         if args.force:
             return _fail(str(exc), 1)
@@ -101,8 +103,8 @@ def cmd_enroll(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "device_id": cfg.device_id,
-                "public_key": wire.public_key_b64(secrets.signing_key),
-                "algorithm": "ed25519",
+                "public_key": secrets.public_key_b64,
+                "algorithm": secrets.algorithm,
                 "created": created,
                 "signing_key_file": str(cfg.signing_key_path),
                 "hmac_secret_file": str(cfg.hmac_secret_path),
@@ -206,6 +208,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     enr = sub.add_parser("enroll", help="create the device signing key and HMAC secret; print the enrolment JSON")
     common(enr)
     enr.add_argument("--force", action="store_true", help="replace an existing identity (new key, new memo)")
+    enr.add_argument("--signature", choices=("ed25519", "hmac-sha256"), default="ed25519",
+                     help="report key for a new identity: ed25519 (default; the registry holds only the public key) "
+                          "or hmac-sha256 (≈60× cheaper to verify; the printed key is a secret the coordinator's "
+                          "registry must keep private)")
     enr.set_defaults(func=cmd_enroll)
 
     st = sub.add_parser("status", help="ledger totals, outbox, counters, invariants (JSON)")

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocols import wire
@@ -510,19 +510,26 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> A
 
 @dataclass(frozen=True)
 class Secrets:
-    signing_key: Ed25519PrivateKey
+    """The device identity: its report key (Ed25519 or HMAC-SHA256, :mod:`protocols.wire`) and the memo HMAC
+    secret (keys the memoized randomness; it never leaves the device)."""
+
+    signing_key: wire.DeviceKey
     hmac_secret: bytes
 
     @property
+    def algorithm(self) -> str:
+        return wire.key_algorithm(self.signing_key)
+
+    @property
     def public_key_b64(self) -> str:
-        return wire.public_key_b64(self.signing_key)
+        """The coordinator's registry entry for this device (:func:`protocols.wire.registry_key`): the Ed25519
+        public key, or — for ``hmac-sha256`` — the report key itself, which must reach the registry privately."""
+        return wire.registry_key(self.signing_key)
 
     @property
     def key_id(self) -> str:
         """A public fingerprint of the report key (safe to publish, e.g. in the retained status message)."""
-        import hashlib
-
-        return hashlib.sha256(self.public_key_b64.encode()).hexdigest()[:16]
+        return wire.registry_key_id(self.public_key_b64)
 
 
 def _read_secret_file(path: Path, what: str) -> str:
@@ -543,10 +550,11 @@ def _read_secret_file(path: Path, what: str) -> str:
 
 
 def load_secrets(cfg: AgentConfig) -> Secrets:
-    """Read the device signing key (base64 raw Ed25519) and HMAC secret (hex, ≥ 32 bytes)."""
+    """Read the device report key (base64 raw Ed25519, or ``hmac-sha256:<base64>``) and the memo HMAC secret
+    (hex, ≥ 32 bytes)."""
     key_text = _read_secret_file(cfg.signing_key_path, "signing key")
     try:
-        key = wire.load_private_key(key_text)
+        key = wire.load_device_key(key_text)
     except ValueError as exc:
         raise ConfigError(f"signing key file {cfg.signing_key_path}: {exc}") from None
     secret_text = _read_secret_file(cfg.hmac_secret_path, "HMAC secret")
@@ -569,17 +577,22 @@ def write_private_file(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
-def create_secrets(cfg: AgentConfig, overwrite: bool = False) -> Secrets:
-    """Create the signing key and HMAC secret files (``enroll``). FileExistsError unless ``overwrite``."""
+def create_secrets(cfg: AgentConfig, overwrite: bool = False, signature: str = "ed25519") -> Secrets:
+    """Create the report key (``signature``: ``ed25519`` or ``hmac-sha256``) and memo HMAC secret files
+    (``enroll``). FileExistsError unless ``overwrite``."""
     import secrets as _secrets
+
+    if signature not in wire.SIGNATURE_ALGORITHMS:
+        raise ConfigError(f"unknown signature algorithm {signature!r}; choose one of "
+                          f"{', '.join(wire.SIGNATURE_ALGORITHMS)}")
 
     for p in (cfg.signing_key_path, cfg.hmac_secret_path):
         if p.exists():
             if not overwrite:
                 raise FileExistsError(f"{p} already exists (use --force to replace the device identity)")
             p.unlink()
-    key = wire.generate_signing_key()
+    key = wire.generate_device_key(signature)
     secret = _secrets.token_bytes(32)
-    write_private_file(cfg.signing_key_path, wire.private_key_b64(key) + "\n")
+    write_private_file(cfg.signing_key_path, wire.device_key_text(key) + "\n")
     write_private_file(cfg.hmac_secret_path, secret.hex() + "\n")
     return Secrets(signing_key=key, hmac_secret=secret)

@@ -21,9 +21,10 @@ from .config import AgentConfig, Secrets, parse_config
 __all__ = ["new_identity", "numeric", "categorical", "simple_config", "enrolment"]
 
 
-def new_identity() -> Secrets:
-    """A fresh device identity held in memory (``haarvest agent enroll`` writes the same to files)."""
-    return Secrets(signing_key=wire.generate_signing_key(), hmac_secret=_secrets.token_bytes(32))
+def new_identity(signature: str = "ed25519") -> Secrets:
+    """A fresh device identity held in memory (``haarvest agent enroll`` writes the same to files); ``signature``
+    is the report-key algorithm (``ed25519`` or ``hmac-sha256``, :mod:`protocols.wire`)."""
+    return Secrets(signing_key=wire.generate_device_key(signature), hmac_secret=_secrets.token_bytes(32))
 
 
 def numeric(name: str, lo: float, hi: float, **extra: Any) -> dict[str, Any]:
@@ -67,5 +68,6 @@ def simple_config(
 
 
 def enrolment(cfg: AgentConfig, secrets: Secrets) -> dict[str, Any]:
-    """The registry entry for this device: id and Ed25519 public key (base64 raw)."""
-    return {"device_id": cfg.device_id, "public_key": secrets.public_key_b64, "algorithm": "ed25519"}
+    """The registry entry for this device: id, registry key (Ed25519 public key, or the HMAC report key) and
+    algorithm."""
+    return {"device_id": cfg.device_id, "public_key": secrets.public_key_b64, "algorithm": secrets.algorithm}

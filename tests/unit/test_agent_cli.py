@@ -84,6 +84,25 @@ def test_enroll_check_run_status_ledger(tmp_path, capsys):
     assert all(row["epsilon"] == 1.0 for row in lines[:-1])
 
 
+def test_enroll_hmac_report_key(tmp_path, capsys):
+    """``--signature hmac-sha256``: the key file and the printed registry entry hold the HMAC key; the agent runs
+    with it; a mistyped algorithm is a clear error that creates nothing."""
+    from edge_agent.config import load_config, load_secrets
+    from protocols import wire
+
+    cfg = _write_config(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["agent", "enroll", "--config", str(cfg), "--signature", "rsa"])
+    assert "invalid choice" in capsys.readouterr().err and not (tmp_path / "state" / "device.key").exists()
+    assert main(["agent", "enroll", "--config", str(cfg), "--signature", "hmac-sha256"]) == 0
+    enrol = json.loads(capsys.readouterr().out)
+    assert enrol["algorithm"] == "hmac-sha256" and enrol["public_key"].startswith("hmac-sha256:")
+    secrets = load_secrets(load_config(cfg))
+    assert isinstance(secrets.signing_key, wire.MacKey) and secrets.public_key_b64 == enrol["public_key"]
+    assert secrets.key_id not in enrol["public_key"] and len(secrets.key_id) == 16
+    assert main(["agent", "run", "--config", str(cfg), "--max-rounds", "1", "--log-level", "WARNING"]) == 0
+
+
 def test_cli_errors_are_clear(tmp_path, capsys):
     assert main(["agent", "check-config", "--config", str(tmp_path / "none.toml")]) == 2
     assert "cannot read config file" in capsys.readouterr().err

@@ -66,6 +66,21 @@ def test_api_and_dashboard(tmp_path):
             assert err.value.code in (400, 404)
 
 
+def test_cli_hmac_devices_are_listed_without_their_key(tmp_path, capsys):
+    db = str(tmp_path / "c.db")
+    dev = SimFleet(1, signature="hmac-sha256").enrollment()[0]
+    assert cli.main(["coordinator", "enroll-device", "--db", db, "--id", dev["device_id"],
+                     "--pubkey", dev["public_key"]]) == 0
+    with pytest.raises(ValueError):
+        cli.main(["coordinator", "enroll-device", "--db", db, "--id", "dev-x", "--pubkey", "hmac-sha256:c2hvcnQ="])
+    capsys.readouterr()
+    cli.main(["coordinator", "devices", "--db", db])
+    out = capsys.readouterr().out
+    assert dev["public_key"].split(":", 1)[1] not in out
+    (row,) = json.loads(out)
+    assert row["algorithm"] == "hmac-sha256" and len(row["key_id"]) == 16 and "public_key" not in row
+
+
 def test_cli_enroll_rounds_estimate_export(tmp_path, capsys):
     db, key = str(tmp_path / "c.db"), str(tmp_path / "k")
     fleet = SimFleet(30)
@@ -81,7 +96,8 @@ def test_cli_enroll_rounds_estimate_export(tmp_path, capsys):
                      "--params", json.dumps(PARAMS), "--no-publish"]) == 0
     capsys.readouterr()
     cli.main(["coordinator", "devices", "--db", db])
-    assert len(json.loads(capsys.readouterr().out)) == 30
+    listing = json.loads(capsys.readouterr().out)
+    assert len(listing) == 30 and all(d["algorithm"] == "ed25519" and d["public_key"] for d in listing)
     coord = Coordinator(CoordinatorConfig(db=db, key_file=key, mqtt=False))
     _fill(coord, fleet, "r1", np.random.default_rng(1))
     coord.close()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from coordinator.rounds import RoundManager
-from coordinator.simfleet import SimFleet
+from coordinator.simfleet import SimDevice, SimFleet
 from coordinator.store import SQLiteStore
 from coordinator.validate import Validator
 from protocols import wire
@@ -16,10 +16,10 @@ PARAMS = {"streams": {"cpu": {"kind": "numeric", "mechanism": "hybrid", "params"
                               "dims": ["cpu"], "bounds": [[0, 100]]}}}
 
 
-@pytest.fixture
-def setup(tmp_path):
+@pytest.fixture(params=["ed25519", "hmac-sha256"])
+def setup(tmp_path, request):
     store = SQLiteStore(tmp_path / "c.db")
-    fleet = SimFleet(3)
+    fleet = SimFleet(3, signature=request.param)
     for rec in fleet.enrollment():
         store.upsert_device(rec["device_id"], rec["public_key"])
     validator = Validator(store)
@@ -173,3 +173,24 @@ def test_validator_rejects_negative_intervals(tmp_path):
             Validator(store, negative_ttl=-1)
     finally:
         store.close()
+
+
+def test_registry_key_decides_the_algorithm(tmp_path):
+    """A device registered with an HMAC key cannot pass with an Ed25519 signature, and vice versa; a report
+    tagged with another device's HMAC key is rejected; a corrupt registry entry rejects, never crashes."""
+    store = SQLiteStore(tmp_path / "c.db")
+    mac, ed = SimFleet(1, "mac", signature="hmac-sha256").devices[0], SimFleet(1, "ed").devices[0]
+    other = SimFleet(1, "x", signature="hmac-sha256").devices[0]
+    store.upsert_device(mac.device_id, mac.public_key)
+    store.upsert_device(ed.device_id, ed.public_key)
+    store.upsert_device("broken", "hmac-sha256:c2hvcnQ=")
+    v = Validator(store)
+    RoundManager(store, wire.generate_signing_key(), on_change=v.set_round).open_round("r1", 1.0, PARAMS)
+    assert v.check(*mac.report("r1", "cpu", "hybrid", {"report": 0.25})).device_id == mac.device_id
+    assert v.check(*ed.report("r1", "cpu", "hybrid", {"report": 0.25})).device_id == ed.device_id
+    for dev, key in [(mac, ed.key), (ed, mac.key), (mac, other.key)]:
+        forged = SimDevice(dev.device_id, key, seq=100)
+        assert reason(v, *forged.report("r1", "cpu", "hybrid", {"report": 0.5})) == "bad_signature"
+    broken = SimDevice("broken", other.key)
+    assert reason(v, *broken.report("r1", "cpu", "hybrid", {"report": 0.5})) == "unknown_device"
+    store.close()

@@ -71,3 +71,53 @@ def test_key_serialisation(key):
     assert wire.public_key_b64(wire.load_private_key(wire.private_key_b64(key))) == wire.public_key_b64(key)
     with pytest.raises(ValueError, match="Ed25519"):
         wire.load_public_key("nope")
+
+
+# --- HMAC-SHA256 report keys ---------------------------------------------------------------------------------
+
+
+def test_hmac_report_key_roundtrip_and_tampering():
+    key = wire.generate_device_key("hmac-sha256")
+    topic = wire.report_topic("dev-1")
+    signed = wire.sign_report(_report(), topic, key)
+    wire.verify_report(wire.decode_report(signed.to_bytes()), topic, wire.load_registry_key(wire.registry_key(key)))
+    for change in ({"seq": 8}, {"body": {"y": [0.6]}}, {"sig": signed.sig[:-4] + "AAA="}):
+        with pytest.raises(wire.WireError) as err:
+            wire.verify_report(signed.model_copy(update=change), topic, key)
+        assert err.value.reason == "bad_signature"
+    with pytest.raises(wire.WireError):
+        wire.verify_report(signed, wire.report_topic("dev-9"), key)
+    with pytest.raises(wire.WireError):
+        wire.verify_report(signed, topic, wire.generate_device_key("hmac-sha256"))
+    with pytest.raises(wire.WireError):  # an Ed25519 key never accepts an HMAC tag
+        wire.verify_report(signed, topic, wire.generate_signing_key().public_key())
+
+
+def test_device_key_texts():
+    for algorithm in wire.SIGNATURE_ALGORITHMS:
+        key = wire.generate_device_key(algorithm)
+        again = wire.load_device_key(wire.device_key_text(key) + "\n")
+        assert wire.registry_key(again) == wire.registry_key(key) and wire.key_algorithm(again) == algorithm
+        assert len(wire.registry_key_id(wire.registry_key(key))) == 16
+    mac = wire.generate_device_key("hmac-sha256")
+    assert wire.registry_key(mac).startswith("hmac-sha256:") and "secret" in repr(mac)
+    assert wire.registry_key(mac).split(":", 1)[1] not in repr(mac)
+    assert wire.load_registry_key(wire.registry_key(mac)) == mac
+    ed = wire.generate_signing_key()
+    assert wire.load_registry_key("ed25519:" + wire.public_key_b64(ed)) is not None
+    for bad in ("hmac-sha256:c2hvcnQ=", "hmac-sha256:!!", "nope"):
+        with pytest.raises(ValueError):
+            wire.load_registry_key(bad)
+    with pytest.raises(ValueError, match="unknown signature algorithm"):
+        wire.generate_device_key("rsa")
+    with pytest.raises(ValueError):
+        wire.MacKey(b"short")
+
+
+def test_rounds_are_only_ed25519():
+    cfg = wire.RoundConfig(round_id="r1", protocol="haar", epsilon=1.0)
+    mac = wire.generate_device_key("hmac-sha256")
+    with pytest.raises(TypeError):
+        wire.sign_round(cfg, mac)
+    with pytest.raises(TypeError):
+        wire.verify_round(wire.sign_round(cfg, wire.generate_signing_key()), mac)
