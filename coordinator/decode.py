@@ -122,6 +122,22 @@ class StreamDecoder:
             raise ValueError(str(exc) or type(exc).__name__) from None
 
     # ------------------------------------------------------------------ many rows
+    def check_rows(self, rows: list[Any]) -> np.ndarray:
+        """Batch form of :meth:`check_row` for ingest: the boolean mask of the rows it accepts. One stacking (by
+        :meth:`_fast_stack`, which only succeeds when every row has the row shape and an allowed dtype) and then
+        :meth:`valid_mask`; rows that do not stack together are checked one by one."""
+        n = len(rows)
+        arr = self._fast_stack(_flat_haar_rows(rows) if self._haar else rows) if n else None
+        if arr is not None:
+            return self.valid_mask(arr)
+        mask = np.ones(n, dtype=bool)
+        for i, row in enumerate(rows):  # fallback only: rows of mixed shapes or dtypes
+            try:
+                self.check_row(row)
+            except ValueError:
+                mask[i] = False
+        return mask
+
     def valid_mask(self, reports: np.ndarray) -> np.ndarray:
         """Boolean mask of the rows :meth:`check` accepts (bisection; see the module docstring)."""
         n = reports.shape[0]

@@ -2,15 +2,21 @@
 
 paho-mqtt ≥ 2.1 (``CallbackAPIVersion.VERSION2``), MQTT v5, QoS 1, a persistent session (``clean_start=False``
 and a long session-expiry interval, so the broker queues reports while the coordinator is down) and
-``manual_ack=True``: the network thread only enqueues messages; a worker thread validates them
-(:class:`coordinator.validate.Validator`), commits each batch in one transaction
-(:meth:`coordinator.store.Store.commit_batch`) and then sends the PUBACKs of the whole batch — accepted,
-duplicate and rejected alike. A crash before the commit loses nothing (the broker redelivers the unacknowledged
+``manual_ack=True``. Messages collect in a batch; the batch is validated (:meth:`coordinator.validate.Validator.
+check_batch`), committed in one transaction (:meth:`coordinator.store.Store.commit_batch`) and only then are the
+PUBACKs of the whole batch sent — accepted, duplicate and rejected alike. A batch that fills up (``batch_size``) is
+processed right in paho's network thread; a flusher thread processes a partial batch once its first message is
+``batch_ms`` old. Under load the network thread therefore does all the work with no hand-off between threads
+(measured: handing every message to a worker thread through a queue cost ≈ 30–40 µs of CPU per message in GIL
+switches — a third of the whole per-report cost), and while a batch commits the broker simply holds the next
+messages. Batches are processed one at a time, in arrival order. A crash before the commit loses nothing (the broker redelivers the unacknowledged
 messages); a crash between commit and PUBACK makes the redelivered copies ``duplicate`` (acknowledged, not
 stored again). Several workers can split a fleet with an MQTT v5 shared subscription ``$share/<group>/...``
 (use a shared store, e.g. PostgreSQL).
 
-``protocol = "3.1.1"`` (brokers without MQTT 5, e.g. amqtt) keeps the same guarantees with ``clean_session=False``
+``protocol = "3.1.1"`` (brokers without MQTT 5, e.g. amqtt — or for throughput: paho's MQTT 3.1.1 receive path
+costs ≈ 54 µs per message against ≈ 75 µs for MQTT 5, whose per-packet property parsing is pure Python) keeps the
+same guarantees with ``clean_session=False``
 (the broker keeps the session until it is cleaned) and manual acks; ``"auto"`` tries MQTT 5 and falls back to
 3.1.1 for good when the broker refuses the protocol version or closes the connection before any CONNACK.
 """
@@ -18,7 +24,6 @@ stored again). Several workers can split a fleet with an MQTT v5 shared subscrip
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import Counter
@@ -102,15 +107,15 @@ class IngestWorker:
         self.validator = validator
         self.metrics = metrics or Metrics()
         self.topic = subscription_topic(settings.shared_group)
-        self._queue: queue.Queue[_Msg] = queue.Queue()
+        self._pending: list[_Msg] = []
+        self._pending_since = 0.0  # monotonic time of the first message of the pending batch
+        self._batch_lock = threading.Lock()  # the pending batch, and processing (one batch at a time, in order)
         self._generation = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._subscribed = threading.Event()
         if settings.protocol not in ("5", "3.1.1", "auto"):
             raise ValueError(f"protocol must be '5', '3.1.1' or 'auto', got {settings.protocol!r}")
-        if settings.shared_group is not None and settings.protocol == "3.1.1":
-            raise ValueError("shared subscriptions need MQTT 5")
         if settings.tls_key is not None and settings.tls_cert is None:
             raise ValueError("tls_key without tls_cert")
         self.protocol = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
@@ -149,7 +154,7 @@ class IngestWorker:
     def start(self, wait: float = 10.0) -> None:
         """Connect (persistent session), subscribe, start the worker thread; wait until subscribed."""
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="haarvest-ingest", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="haarvest-ingest-flush", daemon=True)
         self._thread.start()
         self._connect_async()
         self.client.loop_start()
@@ -241,50 +246,49 @@ class IngestWorker:
             topic = msg.topic
         except UnicodeDecodeError:
             topic = ""
-        self._queue.put(_Msg(topic, msg.payload, msg.mid, msg.qos, self._generation))
+        item = _Msg(topic, msg.payload, msg.mid, msg.qos, self._generation)
+        with self._batch_lock:
+            if not self._pending:
+                self._pending_since = time.monotonic()
+            self._pending.append(item)
+            if len(self._pending) >= self.settings.batch_size:
+                self._flush_locked()
 
-    # ------------------------------------------------------------------ worker thread
+    # ------------------------------------------------------------------ flusher thread
     def _run(self) -> None:
+        """Process the pending batch once its first message is ``batch_ms`` old; on stop, process what is left."""
+        period = self.settings.batch_ms / 1000.0
         while True:
-            batch = self._collect()
-            if batch:
-                self._process(batch)
-            elif self._stop.is_set():
+            stopping = self._stop.wait(period / 2)
+            with self._batch_lock:
+                if self._pending and (stopping or time.monotonic() - self._pending_since >= period):
+                    self._flush_locked()
+            if stopping:
                 return
 
-    def _collect(self) -> list[_Msg]:
-        batch: list[_Msg] = []
-        deadline: float | None = None
-        while len(batch) < self.settings.batch_size:
-            timeout = 0.05 if deadline is None else deadline - time.monotonic()
-            if timeout <= 0:
-                break
-            try:
-                batch.append(self._queue.get(timeout=timeout))
-            except queue.Empty:
-                if deadline is None:
-                    break
-                continue
-            if deadline is None:
-                deadline = time.monotonic() + self.settings.batch_ms / 1000.0
-        return batch
+    def _flush_locked(self) -> None:
+        batch, self._pending = self._pending, []
+        self._process(batch)
 
     def _process(self, batch: list[_Msg]) -> None:
         t0 = time.perf_counter()
         accepted: list[StoredReport] = []
         rejected: Counter[str] = Counter()
         duplicates = 0
-        for msg in batch:
-            try:
-                accepted.append(self.validator.check(msg.topic, msg.payload))
-            except wire.WireError as exc:
-                if exc.reason == DUPLICATE:
-                    duplicates += 1
-                else:
-                    rejected[exc.reason] += 1
-            except Exception:  # noqa: BLE001 - a bug must not stop ingest; count it and go on
-                log.exception("unexpected error validating a report")
-                rejected["internal_error"] += 1
+        try:
+            results = self.validator.check_batch([(msg.topic, msg.payload) for msg in batch])
+        except Exception:  # noqa: BLE001 - a bug must not stop ingest: nothing acknowledged, the broker redelivers
+            log.exception("unexpected error validating a batch")
+            self.validator.reload()
+            time.sleep(0.5)
+            return
+        for result in results:
+            if not isinstance(result, wire.WireError):
+                accepted.append(result)
+            elif result.reason == DUPLICATE:
+                duplicates += 1
+            else:
+                rejected[result.reason] += 1
         counters = dict(rejected)
         if duplicates:
             counters[DUPLICATE] = duplicates

@@ -58,7 +58,8 @@ class RunOptions(BaseModel):
     mqtt_port: int = Field(1883, ge=1, le=65535, description="broker port")
     client_id: str = Field("haarvest-coordinator", min_length=1, max_length=65535,
                            description="MQTT client id of the ingest's persistent session (one per worker)")
-    share_group: str | None = Field(None, min_length=1, description="MQTT v5 shared-subscription group")
+    share_group: str | None = Field(None, min_length=1,
+                                    description="shared-subscription group ($share: MQTT 5; mosquitto also for 3.1.1)")
     batch_size: int = Field(1000, ge=1)
     batch_ms: float = Field(20.0, gt=0)
     replay_window: int = Field(0, ge=0)
@@ -89,8 +90,6 @@ class RunOptions(BaseModel):
     def _consistent(self) -> "RunOptions":
         if (self.mqtt_cert is None) != (self.mqtt_key is None):
             raise ValueError("mqtt_cert and mqtt_key (the client certificate and its private key) come together")
-        if self.share_group is not None and self.mqtt_protocol == "3.1.1":
-            raise ValueError("share_group needs MQTT 5 (mqtt_protocol = \"5\" or \"auto\")")
         if self.mqtt_password is not None and self.mqtt_username is None:
             raise ValueError("mqtt_password without mqtt_username")
         return self

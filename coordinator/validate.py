@@ -40,8 +40,10 @@ deleted from the database).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from coordinator.decode import StreamDecoder
@@ -51,13 +53,15 @@ from protocols import wire
 
 __all__ = ["Validator", "REASONS", "DUPLICATE"]
 
+log = logging.getLogger(__name__)
+
 DUPLICATE = "duplicate"
 #: seq and boot are stored as signed 64-bit integers.
 MAX_COUNTER = 2**63 - 1
 REASONS = (
     "too_large", "malformed", "schema", "wrong_topic", "device_mismatch", "unknown_device", "revoked_device",
     "unsigned", "bad_signature", "unknown_round", "round_closed", "wrong_stream", "wrong_mechanism", "bad_body",
-    "replay", "already_reported", DUPLICATE,
+    "replay", "already_reported", DUPLICATE, "internal_error",
 )
 
 
@@ -160,6 +164,69 @@ class Validator:
     # ------------------------------------------------------------------ checks
     def check(self, topic: str, payload: bytes, now: float | None = None) -> StoredReport:
         """Validate one message; return the row to store, or raise WireError(reason)."""
+        (result,) = self.check_batch([(topic, payload)], now)
+        if isinstance(result, wire.WireError):
+            raise result
+        return result
+
+    def check_batch(self, messages: Sequence[tuple[str, bytes]],
+                    now: float | None = None) -> list[StoredReport | wire.WireError]:
+        """Validate a batch of ``(topic, payload)`` messages: for each, the row to store or the WireError.
+
+        Same checks and outcome as :meth:`check` message by message, in three passes: (1) each message up to
+        its body's structure (size, schema, binding, enrolment, signature, round, stream, mechanism); (2) the
+        support checks of all rows of one round and stream at once (:meth:`StreamDecoder.check_rows`: one
+        stacking, one vectorised check when all are good); (3) in arrival order, the replay and duplicate checks
+        and the reservation of what is accepted. An unexpected error in one message is logged and returned as
+        ``internal_error`` — it never loses the rest of the batch.
+        """
+        t = time.time() if now is None else now
+        out: list[StoredReport | wire.WireError] = []
+        authentic: list[tuple[int, wire.Report, StreamSpec, Any]] = []
+        groups: dict[tuple[str, str], list[int]] = {}
+        with self._lock:
+            for i, (topic, payload) in enumerate(messages):
+                try:
+                    report, spec, row = self._authenticate(topic, payload, t)
+                except wire.WireError as exc:
+                    out.append(exc)
+                    continue
+                except Exception:  # noqa: BLE001 - a bug must not lose the batch: count it, go on
+                    log.exception("unexpected error validating a report")
+                    out.append(wire.WireError("internal_error"))
+                    continue
+                out.append(None)  # type: ignore[arg-type]  # filled in pass 3
+                groups.setdefault((report.round_id, report.stream), []).append(len(authentic))
+                authentic.append((i, report, spec, row))
+            bad_body: dict[int, str] = {}
+            for (round_id, stream), members in groups.items():
+                spec = authentic[members[0]][2]
+                try:
+                    mask = self._decoder(round_id, stream, spec).check_rows([authentic[j][3] for j in members])
+                except ValueError as exc:  # the stream's mechanism cannot be built: no row can be checked
+                    mask, detail = None, str(exc)
+                for pos, j in enumerate(members):
+                    if mask is None or not mask[pos]:
+                        bad_body[j] = detail if mask is None else "outside the support of the stream's mechanism"
+            for j, (i, report, _, _) in enumerate(authentic):
+                if j in bad_body:
+                    out[i] = wire.WireError("bad_body", bad_body[j])
+                    continue
+                try:
+                    self._check_replay(report)
+                except wire.WireError as exc:
+                    out[i] = exc
+                    continue
+                self._reserve(report)
+                out[i] = StoredReport(
+                    device_id=report.device_id, seq=report.seq, boot=report.boot, round_id=report.round_id,
+                    stream=report.stream, mechanism=report.mechanism,
+                    body=wire.canonical_json(report.body).decode(), sig=report.sig, received_at=t,
+                )
+        return out
+
+    def _authenticate(self, topic: str, payload: bytes, t: float) -> tuple[wire.Report, StreamSpec, Any]:
+        """Every check up to the body's structure (pass 1 of :meth:`check_batch`); WireError(reason) if one fails."""
         if len(payload) > self.max_payload:
             raise wire.WireError("too_large", f"{len(payload)} bytes > {self.max_payload}")
         try:
@@ -173,41 +240,32 @@ class Validator:
         topic_device = wire.device_id_from_topic(topic)
         if topic_device != report.device_id:
             raise wire.WireError("device_mismatch", f"topic names {topic_device!r}, report {report.device_id!r}")
-        with self._lock:
-            key, status, _ = self._device(report.device_id)
-            if status != "active":
-                raise wire.WireError("revoked_device", report.device_id)
-            if key is None:
-                raise wire.WireError("unknown_device", "registered key is unusable")
-            try:
-                wire.verify_report(report, topic, key)
-            except wire.WireError:
-                raise
-            except (RecursionError, ValueError, TypeError) as exc:  # NaN/inf or unencodable body
-                raise wire.WireError("malformed", f"body is not canonical JSON: {type(exc).__name__}") from None
-            rnd = self._round(report.round_id)
-            if rnd.status != "open":
-                raise wire.WireError("round_closed", report.round_id)
-            t = time.time() if now is None else now
-            if rnd.config.not_after is not None and t > rnd.config.not_after:
-                raise wire.WireError("round_closed", f"{report.round_id} ended at {rnd.config.not_after}")
-            spec = rnd.params.streams.get(report.stream)
-            if spec is None:
-                raise wire.WireError("wrong_stream", f"round {report.round_id} has no stream {report.stream!r}")
-            if report.mechanism != spec.wire_mechanism:
-                raise wire.WireError("wrong_mechanism", f"{report.mechanism!r} != {spec.wire_mechanism!r}")
-            try:
-                row = body_row(spec, report.body)
-                self._decoder(report.round_id, report.stream, spec).check_row(row)
-            except ValueError as exc:
-                raise wire.WireError("bad_body", str(exc)) from None
-            self._check_replay(report)
-            self._reserve(report)
-        return StoredReport(
-            device_id=report.device_id, seq=report.seq, boot=report.boot, round_id=report.round_id,
-            stream=report.stream, mechanism=report.mechanism, body=wire.canonical_json(report.body).decode(),
-            sig=report.sig, received_at=t,
-        )
+        key, status, _ = self._device(report.device_id)
+        if status != "active":
+            raise wire.WireError("revoked_device", report.device_id)
+        if key is None:
+            raise wire.WireError("unknown_device", "registered key is unusable")
+        try:
+            wire.verify_report(report, topic, key)
+        except wire.WireError:
+            raise
+        except (RecursionError, ValueError, TypeError) as exc:  # NaN/inf or unencodable body
+            raise wire.WireError("malformed", f"body is not canonical JSON: {type(exc).__name__}") from None
+        rnd = self._round(report.round_id)
+        if rnd.status != "open":
+            raise wire.WireError("round_closed", report.round_id)
+        if rnd.config.not_after is not None and t > rnd.config.not_after:
+            raise wire.WireError("round_closed", f"{report.round_id} ended at {rnd.config.not_after}")
+        spec = rnd.params.streams.get(report.stream)
+        if spec is None:
+            raise wire.WireError("wrong_stream", f"round {report.round_id} has no stream {report.stream!r}")
+        if report.mechanism != spec.wire_mechanism:
+            raise wire.WireError("wrong_mechanism", f"{report.mechanism!r} != {spec.wire_mechanism!r}")
+        try:
+            row = body_row(spec, report.body)
+        except ValueError as exc:
+            raise wire.WireError("bad_body", str(exc)) from None
+        return report, spec, row
 
     def _decoder(self, round_id: str, stream: str, spec: StreamSpec) -> StreamDecoder:
         """The round's stream decoder (its mechanism built once per round and stream; ValueError if it cannot be)."""

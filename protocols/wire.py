@@ -85,9 +85,12 @@ class WireError(ValueError):
         self.reason = reason
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
 def canonical_json(obj: Any) -> bytes:
     """Deterministic JSON bytes: sorted keys, compact separators, ASCII, NaN/inf refused."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return _CANONICAL.encode(obj).encode()
 
 
 # --- topics -------------------------------------------------------------------------------------------------
@@ -361,11 +364,15 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not allowed")
 
 
+#: One strict decoder (NaN/Infinity refused), built once: ``json.loads`` with a hook builds a new one per call.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def _decode(model: type[_Signed], payload: bytes) -> Any:
     if len(payload) > MAX_PAYLOAD:
         raise WireError("too_large", f"{len(payload)} bytes > {MAX_PAYLOAD}")
     try:
-        data = json.loads(payload, parse_constant=_refuse_constant)
+        data = _DECODER.decode(payload.decode("utf-8") if isinstance(payload, (bytes, bytearray)) else payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WireError("malformed", f"not JSON: {exc}") from None
     except RecursionError:

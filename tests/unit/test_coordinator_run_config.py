@@ -56,7 +56,6 @@ def test_db_urls_are_not_paths(tmp_path):
     ('mqtt_protocol = "4"', "mqtt_protocol: Input should be '5', '3.1.1' or 'auto'"),
     ('mqtt_cert = "c.crt"', "mqtt_cert and mqtt_key"),
     ('share_group = "a/b"', "share_group: must not contain"),
-    ('share_group = "g"\nmqtt_protocol = "3.1.1"', "share_group needs MQTT 5"),
     ('mqtt_port = 1\nmqtt-port = 2', "given twice"),
     ("mqtt_port = ", "not valid TOML"),
     ('[mqtt]\nport = 1', "mqtt: unknown key"),

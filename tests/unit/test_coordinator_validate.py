@@ -194,3 +194,25 @@ def test_registry_key_decides_the_algorithm(tmp_path):
     broken = SimDevice("broken", other.key)
     assert reason(v, *broken.report("r1", "cpu", "hybrid", {"report": 0.5})) == "unknown_device"
     store.close()
+
+
+def test_check_batch_matches_message_by_message(setup):
+    """A batch gives every message the outcome :meth:`Validator.check` gives it in arrival order: out-of-support
+    rows (hybrid's bound is ~3.4 at ε = 1) are ``bad_body`` without costing their neighbours, a copy inside the
+    batch is a ``duplicate``, an older seq after a newer one of the same device is a ``replay``."""
+    store, fleet, v, rounds = setup
+    rounds.open_round("r2", 1.0, PARAMS)
+    a, b, c = fleet.devices
+    msgs = [a.report("r1", "cpu", "hybrid", {"report": 0.5}),
+            b.report("r1", "cpu", "hybrid", {"report": 99.0}),       # outside the support
+            b.report("r2", "cpu", "hybrid", {"report": -0.25})]
+    old_c = c.report("r1", "cpu", "hybrid", {"report": 0.1})
+    new_c = c.report("r2", "cpu", "hybrid", {"report": 0.2})
+    msgs += [msgs[0], new_c, old_c, ("haarvest/v1/reports/" + a.device_id, b"{")]
+    results = v.check_batch(msgs)
+    kinds = [r.reason if isinstance(r, wire.WireError) else "ok" for r in results]
+    assert kinds == ["ok", "bad_body", "ok", "duplicate", "ok", "replay", "malformed"]
+    assert store.commit_batch([r for r in results if not isinstance(r, wire.WireError)], {}) == 3
+    v.batch_committed()
+    # the out-of-support report reserved nothing: b's next report for r1 is still accepted
+    assert v.check(*b.report("r1", "cpu", "hybrid", {"report": 1.0})).device_id == b.device_id
