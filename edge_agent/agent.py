@@ -11,9 +11,10 @@ Embedding (the demo runs hundreds in one process)::
 or ``agent.run(max_rounds=5)`` (blocking), or :func:`run_fleet` for many agents on one thread. Each agent with MQTT
 has one paho network thread; without ``[mqtt]`` the agent only fills its outbox (offline mode, tests, crash test).
 
-A report's life: fresh reading → :class:`~edge_agent.pipeline.Pipeline` → per stream one transaction
-(:meth:`~edge_agent.state.State.commit_report`: caps, ledger debit, memo, signed outbox row, seq) → outbox drain
-in seq order → PUBACK → ``sent``. Nothing reaches the network before its transaction has committed.
+A report's life: fresh reading → :class:`~edge_agent.pipeline.Pipeline` → one transaction for the device round
+(:meth:`~edge_agent.state.State.commit_reports`: caps, ledger debit, memo, signed outbox row and seq of every
+stream, with the round's record and the rounding state) → outbox drain in seq order → PUBACK → ``sent``. Nothing
+reaches the network before its transaction has committed.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class Agent:
         self._next_sample: float | None = None
         self._next_interval_report: float | None = None
         self._last_compact = 0.0
+        self._sent_later: list[int] = []
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
@@ -125,6 +127,7 @@ class Agent:
             return
         if drain_timeout > 0:
             self.drain(drain_timeout)
+        self.flush_sent()
         self._flush_counters()
         self._persist_rounding()
         if self.transport is not None:
@@ -162,6 +165,24 @@ class Agent:
     def _persist_rounding(self) -> None:
         if self.state is not None and self.pipeline is not None and self.pipeline.rounding_dirty:
             self.state.save_rounding(self.pipeline.rounding_state())
+
+    def mark_sent_later(self, seqs: list[int]) -> None:
+        """Outbox rows a transport with at-most-once delivery has taken (a Flower reply): they are marked ``sent``
+        in the device's next write transaction (the next report's, or :meth:`flush_sent`) instead of one of their
+        own. They were durable before they left; until marked, a crash leaves them ``pending`` and they go out again
+        with the next reply (the coordinator drops the copies as duplicates)."""
+        self._sent_later.extend(int(s) for s in seqs)
+
+    @property
+    def sent_unmarked(self) -> int:
+        """How many rows of :meth:`mark_sent_later` still wait for their ``sent`` mark."""
+        return len(self._sent_later)
+
+    def flush_sent(self) -> None:
+        """Mark the rows of :meth:`mark_sent_later` sent now (one transaction; nothing to do if none wait)."""
+        if self._sent_later and self.state is not None:
+            self.state.mark_sent(self._sent_later)
+            self._sent_later.clear()
 
     def sample(self) -> Record | None:
         """Read the source once and feed the pipeline (volatility windows, epochs). None if invalid/exhausted."""
@@ -216,26 +237,31 @@ class Agent:
         round_cap: float | None = None,
         record: Record | None = None,
         plans: dict[str, Any] | None = None,
+        round_status: tuple[str, str] | None = None,
     ) -> ReportOutcome:
         """Take a fresh reading (unless ``record`` is given) and commit one report per stream.
 
-        All streams commit in ONE transaction (a savepoint each); a stream refused (cap, round budget, full
-        outbox) is logged and counted and sends nothing, the others go on. An invalid reading sends nothing and
-        charges nothing.
+        The device round is ONE write transaction (:meth:`State.commit_reports`): every stream's report (ledger
+        debit, memo entry, signed outbox row), the α-rounding state the reading was rounded with, the status
+        counters, the ``sent`` marks of :meth:`mark_sent_later` and — with ``round_status = (status, detail)`` —
+        the round's record (a round is answered at most once: the record commits with the reports or not at all).
+        A stream refused (cap, round budget, full outbox) is logged and counted and sends nothing, the others go
+        on. An invalid reading sends nothing and charges nothing (the round record and counters still commit).
         """
         state, pipeline = self._require()
         outcome = ReportOutcome(round_id)
+        round_record = (round_id, *round_status) if round_status is not None else None
         if record is None:
             record = self.sample()
             if record is None:
                 outcome.exhausted = self.exhausted
                 outcome.invalid = None if self.exhausted else "invalid_record"
-                self._flush_counters()
+                if round_record is not None or self._sent_later:
+                    self._commit([], round_record, None)
+                else:
+                    self._flush_counters()
                 return outcome
-        self._persist_rounding()
         cap = self.config.privacy.max_round_epsilon if round_cap is None else round_cap
-        counters = dict(self._pending_counters)
-        self._pending_counters.clear()
         prepared_list = pipeline.prepare(record, streams, plans)
         requests = [
             ReportRequest(
@@ -255,15 +281,7 @@ class Agent:
             )
             for p in prepared_list
         ]
-        results = state.commit_reports(
-            requests,
-            total_cap=self.config.ledger.total_cap,
-            renewal_period_s=self.config.ledger.renewal_period_s,
-            max_pending=self.config.outbox.max_pending,
-            counters=counters,
-            now=self.clock(),
-            delta_cap=self.config.ledger.delta_cap,
-        )
+        results = self._commit(requests, round_record, cap)
         for prepared, result in zip(prepared_list, results):
             if isinstance(result, Refused):
                 self.stats[f"refused.{result.reason}"] += 1
@@ -283,6 +301,36 @@ class Agent:
                    "charged": outcome.charged, "refused": outcome.refused},
         )
         return outcome
+
+    def _commit(self, requests: list[ReportRequest], round_record: tuple[str, str, str] | None,
+                round_cap: float | None) -> list[Commit | Refused]:
+        """The device round's one transaction (see :meth:`report`); in-memory marks are cleared once it committed."""
+        state, pipeline = self._require()
+        rounding = pipeline.rounding_state(clear_dirty=False) if pipeline.rounding_dirty else None
+        counters = dict(self._pending_counters)
+        sent = list(self._sent_later)
+        results = state.commit_reports(
+            requests,
+            total_cap=self.config.ledger.total_cap,
+            renewal_period_s=self.config.ledger.renewal_period_s,
+            max_pending=self.config.outbox.max_pending,
+            counters=counters,
+            now=self.clock(),
+            delta_cap=self.config.ledger.delta_cap,
+            round_record=round_record,
+            rounding=rounding,
+            sent=sent,
+        )
+        if rounding is not None:
+            pipeline.rounding_saved()
+        for name, n in counters.items():  # committed: forget them (nothing counts while the transaction runs)
+            left = self._pending_counters[name] - n
+            if left:
+                self._pending_counters[name] = left
+            else:
+                del self._pending_counters[name]
+        del self._sent_later[: len(sent)]
+        return results
 
     # --- rounds -------------------------------------------------------------------------------------------
 
@@ -351,9 +399,9 @@ class Agent:
         if answer.unknown:
             log.info("round asks for streams this device does not have",
                      extra={"event": "round_unknown_streams", "round_id": rc.round_id, "streams": answer.unknown})
-        # recorded before answering: a crash mid-round never answers the same round twice
-        state.record_round(rc.round_id, "answered")
-        outcome = self.report(rc.round_id, streams=answer.streams, round_cap=epsilon, plans=answer.plans)
+        # recorded in the reports' transaction: a crash mid-round never answers the same round twice
+        outcome = self.report(rc.round_id, streams=answer.streams, round_cap=epsilon, plans=answer.plans,
+                              round_status=("answered", ""))
         outcome.refused.extend((name, f"spec_{reason}") for name, reason in answer.refused)
         self._count("rounds.answered")
         return outcome

@@ -27,8 +27,9 @@ Messages (``flwr.app.Message``, category ``query``):
                     enrolment of the node's devices (public keys only; the coordinator decides whether to trust it).
 
 Delivery over Flower is at-most-once per reply: reports put in a reply are marked ``sent`` in the outbox (a reply
-lost in transit costs ε but never leaks anything); reports left ``pending`` by a crash are sent with the next reply
-(the coordinator drops exact copies as duplicates).
+lost in transit costs ε but never leaks anything) — in the device's next write transaction, the next round's
+(:meth:`Agent.mark_sent_later`), so a device round costs ONE SQLite commit; reports left ``pending`` by a crash are
+sent with the next reply (the coordinator drops exact copies as duplicates).
 
 Which devices a node hosts: a *host factory* installed with :func:`make_client_app` (simulations), else the node
 config key ``agent-config`` (one or more agent TOML paths separated by ``,``; ``flower-supernode --node-config
@@ -197,9 +198,9 @@ def answer_round(agent: Agent, payload: bytes, now: float | None = None,
     if streams is not None and not streams:
         state.record_round(rc.round_id, "refused", f"no answerable streams: {skipped}")
         return "no_streams", None
-    # recorded before answering: a crash mid-round never answers the same round twice
-    state.record_round(rc.round_id, "answered", "clamped" if clamped else "")
-    outcome = agent.report(rc.round_id, streams=streams, round_cap=epsilon, plans=answer.plans)
+    # recorded in the reports' transaction: a crash mid-round never answers the same round twice
+    outcome = agent.report(rc.round_id, streams=streams, round_cap=epsilon, plans=answer.plans,
+                           round_status=("answered", "clamped" if clamped else ""))
     outcome.refused.extend((s, f"mismatch_{why}") for s, why in skipped)
     return ("answered_clamped" if clamped else "answered"), outcome
 
@@ -210,11 +211,13 @@ def answer_round(agent: Agent, payload: bytes, now: float | None = None,
 @dataclass
 class DeviceSpec:
     """How to build one hosted device: its configuration and a zero-argument source factory (None: the configured
-    sources). ``create_identity`` creates the key files on first use (simulations; devices use ``agent enroll``)."""
+    sources). ``create_identity`` creates the key files on first use (simulations; devices use ``agent enroll``),
+    with a ``signature`` report key (``ed25519`` or ``hmac-sha256``, :func:`protocols.wire.generate_device_key`)."""
 
     config: AgentConfig
     source: Callable[[], Any] | None = None
     create_identity: bool = False
+    signature: str = "ed25519"
 
 
 @dataclass
@@ -304,7 +307,7 @@ class _OpenAgents:
         if spec.create_identity and not cfg.signing_key_path.exists():
             from .config import create_secrets
 
-            secrets = create_secrets(cfg)
+            secrets = create_secrets(cfg, signature=spec.signature)
         else:
             secrets = load_secrets(cfg)
         agent = Agent(cfg, source=spec.source() if spec.source is not None else None, secrets=secrets, transport=False)
@@ -337,6 +340,8 @@ class _OpenAgents:
         """Close every agent (flushing counters and rounding state) and forget them."""
         while self.agents:
             _, agent = self.agents.popitem()
+            if agent.state is None and agent.sent_unmarked:  # suspended with marks to write: reattach to write them
+                agent.state = State(agent.config.database_path)
             agent.close()
         self.resident.clear()
 
@@ -366,7 +371,8 @@ class DeviceShard:
         return [OPEN_AGENTS.get(d) for d in self.devices]
 
     def announce(self) -> tuple[list[str], list[str]]:
-        """(device ids, base64 Ed25519 public keys) of the hosted devices (creating identities where asked)."""
+        """(device ids, registry entries) of the hosted devices (creating identities where asked): the base64
+        Ed25519 public key, or for an ``hmac-sha256`` device its report key (:attr:`Secrets.public_key_b64`)."""
         ids, keys = [], []
         for spec in self.devices:
             agent = OPEN_AGENTS.get(spec)
@@ -392,6 +398,7 @@ class DeviceShard:
                 out.counters["memo_hits"] += sum(1 for c in outcome.commits if c.memo_hit)
                 for _, reason in outcome.refused:
                     out.counters[f"refused.{reason}"] += 1
+            agent.flush_sent()  # rows of the last reply not yet marked (no report transaction this round)
             state = agent.state
             assert state is not None
             rows = state.pending(limit=self.max_reports_per_device)
@@ -399,7 +406,7 @@ class DeviceShard:
                 for row in rows:
                     out.topics.append(row.topic)
                     out.payloads.append(row.payload)
-                state.mark_sent([row.seq for row in rows])
+                agent.mark_sent_later([row.seq for row in rows])  # marked sent in the device's next transaction
             OPEN_AGENTS.release(agent)
         out.counters["devices"] = len(self.devices)
         return out

@@ -16,9 +16,13 @@ Tables:
 * ``rounds`` — round ids already answered or refused (a round is answered at most once, across reboots).
 
 Atomicity: :meth:`State.commit_reports` runs ``BEGIN IMMEDIATE`` … ``COMMIT`` around the cap checks, the ledger
-debit, the memo entry, the outbox row and the sequence counter of every report of one round (a SAVEPOINT per
-report, so one refused stream does not undo the others), so after any crash either all of them exist or none
-does; nothing is published except from a committed outbox row. One commit = one fsync per round. Invariant (checked by
+debit, the memo entry, the outbox row and the sequence counter of every report of one round — and, in the same
+transaction, whatever else the device round changes: the round's record (``rounds``: answered at most once), the
+α-rounding state the reports were rounded with, the status counters, and the ``sent`` marks of reports an earlier
+reply carried (:meth:`State.commit_reports` ``round_record``, ``rounding``, ``counters``, ``sent``). So after any crash
+either all of a round exists or none of it does; nothing is published except from a committed outbox row. One commit
+= one fsync per device round. A refused stream writes nothing (every refusal — caps, full outbox, oversized
+payload — is decided before the report's first write), so it does not undo the others. Invariant (checked by
 :meth:`State.check_invariants` and the crash test): ``Σ ledger.epsilon = Σ outbox.epsilon + compacted_epsilon``.
 
 Caps: a new charge is refused when ``spent(stream) + ε > stream_cap`` or ``spent(all) + ε > total_cap`` (and, for an
@@ -35,6 +39,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -284,68 +290,102 @@ class State:
         counters: dict[str, int] | None = None,
         now: float | None = None,
         delta_cap: float | None = None,
+        round_record: tuple[str, str, str] | None = None,
+        rounding: dict[str, dict[str, Any]] | None = None,
+        sent: Sequence[int] = (),
     ) -> list["Commit | Refused"]:
-        """Charge (or reuse), record and enqueue reports atomically — ONE transaction for the whole batch.
+        """Charge (or reuse), record and enqueue reports atomically — ONE transaction for the whole device round.
 
-        For each request, inside a SAVEPOINT: refuse if the outbox holds ``max_pending`` pending rows; look the
-        memo key up (hit: reuse the stored body — or, with ``refresh``, a fresh ``make_body()`` such as a
-        longitudinal protocol's new IRR of its memoized PRR — charge 0); on a miss check the caps (stream, total, round),
-        (and ``delta_cap`` for a request with δ > 0), call ``make_body()`` (privatize), append the ledger charge (ε,
-        and δ when positive) and store the memo entry; then
-        ``make_payload(seq, body)`` signs the report and the outbox row and ``next_seq`` are written. A refused
-        request rolls back to its savepoint (nothing of it remains but the ``refused_<reason>`` counter) and the
-        others go on. The batch commits once (one fsync); a crash at any point leaves all of it or none of it.
-        Any other exception rolls the whole batch back and propagates.
+        Before the reports, in the same transaction: outbox rows ``sent`` are marked sent (reports an earlier reply
+        carried; :meth:`mark_sent`), ``round_record = (round_id, status, detail)`` is written (:meth:`record_round`),
+        ``rounding`` is saved (:meth:`save_rounding`) and ``counters`` are added.
+
+        For each request: refuse if the outbox holds ``max_pending`` pending rows; look the memo key up (hit: reuse
+        the stored body — or, with ``refresh``, a fresh ``make_body()`` such as a longitudinal protocol's new IRR of
+        its memoized PRR — charge 0); on a miss check the caps (stream, total, round; and ``delta_cap`` for a
+        request with δ > 0) and call ``make_body()`` (privatize); ``make_payload(seq, body)`` signs the report. Only
+        then are the ledger charge (ε, and δ when positive), the memo entry, the outbox row and ``next_seq``
+        written: a refused request (:class:`Refused` from a check or from ``make_payload``) has written nothing
+        but its ``refused_<reason>`` counter, and the others go on. The batch commits once (one fsync); a crash at
+        any point leaves all of it or none of it. Any other exception rolls the whole transaction back and
+        propagates.
         """
         now = time.time() if now is None else now
         results: list[Commit | Refused] = []
         with self.transaction() as db:
-            for k, v in (counters or {}).items():
-                self._add(f"count.{k}", int(v))
-            for i, req in enumerate(requests):
-                db.execute(f"SAVEPOINT r{i}")
-                try:
-                    results.append(self._commit_one(db, req, total_cap, renewal_period_s, max_pending, now,
-                                                    delta_cap))
-                except Refused as exc:
-                    db.execute(f"ROLLBACK TO SAVEPOINT r{i}")
-                    self._add(f"count.refused_{exc.reason}", 1)
-                    results.append(exc)
-                db.execute(f"RELEASE SAVEPOINT r{i}")
+            if sent:
+                self._mark(db, sent, "sent", now)
+            if round_record is not None:
+                self._record_round(db, *round_record, now=now)
+            if rounding:
+                self._save_rounding(db, rounding)
+            added: Counter[str] = Counter({f"count.{k}": int(v) for k, v in (counters or {}).items()})
+            if requests:
+                pending = int(db.execute("SELECT COUNT(*) FROM outbox WHERE status = 'pending'").fetchone()[0])
+                seq = int(self._get("next_seq", 0))
+                keys = [r.memo_key for r in requests if r.memoize]
+                memo: dict[str, str] = {}
+                if keys:
+                    marks = ",".join("?" * len(keys))
+                    memo = dict(db.execute(f"SELECT key, body FROM memo WHERE key IN ({marks})", keys).fetchall())
+                for req in requests:
+                    try:
+                        commit = self._commit_one(db, req, seq, pending, memo.get(req.memo_key) if req.memoize
+                                                  else None, total_cap, renewal_period_s, max_pending, now,
+                                                  delta_cap)
+                    except Refused as exc:
+                        added[f"count.refused_{exc.reason}"] += 1
+                        results.append(exc)
+                        continue
+                    results.append(commit)
+                    seq += 1
+                    pending += 1
+                    added["count.memo_hits" if commit.memo_hit else "count.charged_reports"] += 1
+                self._set("next_seq", seq)
+            if added:
+                db.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = value + excluded.value",
+                    list(added.items()),
+                )
         return results
 
     def _commit_one(
         self,
         db: sqlite3.Connection,
         req: "ReportRequest",
+        seq: int,
+        pending: int,
+        memo_body: str | None,
         total_cap: float,
         renewal_period_s: float | None,
         max_pending: int,
         now: float,
         delta_cap: float | None = None,
     ) -> Commit:
-        pending = db.execute("SELECT COUNT(*) FROM outbox WHERE status = 'pending'").fetchone()[0]
+        """One report of :meth:`commit_reports`: every check (and ``make_body``/``make_payload``) first, then the
+        writes — a :class:`Refused` leaves nothing behind."""
         if pending >= max_pending:
             raise Refused("outbox_full", f"{pending} reports await acknowledgement (max {max_pending})")
-        row = db.execute("SELECT body FROM memo WHERE key = ?", (req.memo_key,)).fetchone() if req.memoize else None
-        seq = int(self._get("next_seq", 0))
-        if row is not None:
-            body = req.make_body() if req.refresh else json.loads(row[0])
+        hit = memo_body is not None
+        ts = now
+        delta = float(req.delta)
+        if hit:
+            body = req.make_body() if req.refresh else json.loads(memo_body)  # type: ignore[arg-type]
             charged = 0.0
-            db.execute("UPDATE memo SET hits = hits + 1, last_used = ? WHERE key = ?", (now, req.memo_key))
         else:
             charged = float(req.epsilon)
-            delta = float(req.delta)
-            self._check_caps(db, req.stream, req.round_id, charged, req.stream_cap, total_cap, req.round_cap,
-                             renewal_period_s, now)
-            if delta > 0:
-                self._check_delta_cap(db, delta, delta_cap, renewal_period_s, now)
+            ts = self._check_caps(db, req.stream, req.round_id, charged, req.stream_cap, total_cap, req.round_cap,
+                                  renewal_period_s, now, delta, delta_cap)
             body = req.make_body()
-            last_ts = db.execute("SELECT MAX(ts) FROM ledger").fetchone()[0]
+        topic, payload = req.make_payload(seq, body)  # may refuse (too_large): nothing is written yet
+        if hit:
+            db.execute("UPDATE memo SET hits = hits + 1, last_used = ? WHERE key = ?", (now, req.memo_key))
+        else:
             db.execute(
                 "INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism, delta) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (max(now, last_ts or 0.0), req.stream, req.round_id, charged, req.memo_key, seq, req.mechanism,
+                (ts, req.stream, req.round_id, charged, req.memo_key, seq, req.mechanism,
                  delta if delta > 0 else None),
             )
             if req.memoize:
@@ -353,15 +393,12 @@ class State:
                     "INSERT INTO memo (key, stream, spec, body, epsilon, created, last_used) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (req.memo_key, req.stream, req.spec, json.dumps(body, sort_keys=True), charged, now, now),
                 )
-        topic, payload = req.make_payload(seq, body)
         db.execute(
             "INSERT INTO outbox (seq, topic, payload, status, stream, round_id, epsilon, memo_key, created) "
             "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
             (seq, topic, payload, req.stream, req.round_id, charged, req.memo_key, now),
         )
-        self._set("next_seq", seq + 1)
-        self._add("count.memo_hits" if row is not None else "count.charged_reports", 1)
-        return Commit(seq=seq, topic=topic, payload=payload, charged=charged, memo_hit=row is not None, body=body)
+        return Commit(seq=seq, topic=topic, payload=payload, charged=charged, memo_hit=hit, body=body)
 
     def _check_caps(
         self,
@@ -374,34 +411,38 @@ class State:
         round_cap: float | None,
         period: float | None,
         now: float,
-    ) -> None:
+        delta: float = 0.0,
+        delta_cap: float | None = None,
+    ) -> float:
+        """Refuse a charge of ``eps`` (and ``delta``) that would exceed a cap; return the charge's ledger
+        timestamp ``max(now, last ts)``. One pass over the ledger sums the stream's and the device's charges in the
+        window, the round's charges and the window's δ."""
         tol = 1e-12
         since = -float("inf") if period is None else now - period
-        spent_stream = db.execute(
-            "SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE stream = ? AND ts > ?", (stream, since)
-        ).fetchone()[0]
+        spent_stream, spent_total, spent_round, spent_delta, last_ts = db.execute(
+            "SELECT COALESCE(SUM(CASE WHEN stream = ? AND ts > ? THEN epsilon END), 0), "
+            "COALESCE(SUM(CASE WHEN ts > ? THEN epsilon END), 0), "
+            "COALESCE(SUM(CASE WHEN round_id = ? THEN epsilon END), 0), "
+            "COALESCE(SUM(CASE WHEN ts > ? THEN delta END), 0), MAX(ts) FROM ledger",
+            (stream, since, since, round_id, since),
+        ).fetchone()
         if spent_stream + eps > stream_cap + tol:
             raise Refused("stream_cap", f"stream {stream!r} spent {spent_stream:.6g} + {eps:.6g} > cap {stream_cap:.6g}")
-        spent_total = db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE ts > ?", (since,)).fetchone()[0]
         if spent_total + eps > total_cap + tol:
             raise Refused("total_cap", f"spent {spent_total:.6g} + {eps:.6g} > total cap {total_cap:.6g}")
-        if round_cap is not None:
-            spent_round = db.execute(
-                "SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE round_id = ?", (round_id,)
-            ).fetchone()[0]
-            if spent_round + eps > round_cap + tol:
-                raise Refused("round_budget", f"round {round_id!r} spent {spent_round:.6g} + {eps:.6g} > {round_cap:.6g}")
+        if round_cap is not None and spent_round + eps > round_cap + tol:
+            raise Refused("round_budget", f"round {round_id!r} spent {spent_round:.6g} + {eps:.6g} > {round_cap:.6g}")
+        if delta > 0:
+            self._check_delta_cap(spent_delta, delta, delta_cap)
+        return max(now, last_ts or 0.0)
 
-    def _check_delta_cap(
-        self, db: sqlite3.Connection, delta: float, delta_cap: float | None, period: float | None, now: float
-    ) -> None:
+    @staticmethod
+    def _check_delta_cap(spent: float, delta: float, delta_cap: float | None) -> None:
         """Basic composition of (ε, δ) charges: ``Σ δ (window) + δ ≤ delta_cap``; no cap refuses any δ > 0."""
         if not (0 < delta < 1):
             raise Refused("delta_cap", f"δ = {delta!r} is not in (0, 1)")
         if delta_cap is None:
             raise Refused("delta_cap", "an (ε, δ) charge needs ledger.delta_cap")
-        since = -float("inf") if period is None else now - period
-        spent = db.execute("SELECT COALESCE(SUM(delta), 0) FROM ledger WHERE ts > ?", (since,)).fetchone()[0]
         if spent + delta > delta_cap * (1 + 1e-12):
             raise Refused("delta_cap", f"spent δ {spent:.6g} + {delta:.6g} > cap {delta_cap:.6g}")
 
@@ -426,12 +467,16 @@ class State:
             raise ValueError(f"status must be sent or rejected, got {status!r}")
         now = time.time() if now is None else now
         with self.transaction() as db:
-            n = 0
-            for s in seqs:
-                n += db.execute(
-                    "UPDATE outbox SET status = ?, sent_at = ?, payload = NULL WHERE seq = ? AND status = 'pending'",
-                    (status, now, int(s)),
-                ).rowcount
+            return self._mark(db, seqs, status, now)
+
+    @staticmethod
+    def _mark(db: sqlite3.Connection, seqs: Sequence[int], status: str, now: float) -> int:
+        n = 0
+        for s in seqs:
+            n += db.execute(
+                "UPDATE outbox SET status = ?, sent_at = ?, payload = NULL WHERE seq = ? AND status = 'pending'",
+                (status, now, int(s)),
+            ).rowcount
         return n
 
     def compact(self, keep_sent: int) -> int:
@@ -455,10 +500,14 @@ class State:
 
     def save_rounding(self, states: dict[str, dict[str, Any]]) -> None:
         with self.transaction() as db:
-            db.executemany(
-                "INSERT INTO rounding (dim, state) VALUES (?, ?) ON CONFLICT(dim) DO UPDATE SET state = excluded.state",
-                [(d, json.dumps(s, sort_keys=True)) for d, s in states.items()],
-            )
+            self._save_rounding(db, states)
+
+    @staticmethod
+    def _save_rounding(db: sqlite3.Connection, states: dict[str, dict[str, Any]]) -> None:
+        db.executemany(
+            "INSERT INTO rounding (dim, state) VALUES (?, ?) ON CONFLICT(dim) DO UPDATE SET state = excluded.state",
+            [(d, json.dumps(s, sort_keys=True)) for d, s in states.items()],
+        )
 
     def round_seen(self, round_id: str) -> str | None:
         row = self._db.execute("SELECT status FROM rounds WHERE round_id = ?", (round_id,)).fetchone()
@@ -466,11 +515,16 @@ class State:
 
     def record_round(self, round_id: str, status: str, detail: str = "", now: float | None = None) -> None:
         with self.transaction() as db:
-            db.execute(
-                "INSERT INTO rounds (round_id, received, status, detail) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(round_id) DO UPDATE SET status = excluded.status, detail = excluded.detail",
-                (round_id, time.time() if now is None else now, status, detail),
-            )
+            self._record_round(db, round_id, status, detail, now=now)
+
+    @staticmethod
+    def _record_round(db: sqlite3.Connection, round_id: str, status: str, detail: str = "",
+                      now: float | None = None) -> None:
+        db.execute(
+            "INSERT INTO rounds (round_id, received, status, detail) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(round_id) DO UPDATE SET status = excluded.status, detail = excluded.detail",
+            (round_id, time.time() if now is None else now, status, detail),
+        )
 
     # --- inspection ---------------------------------------------------------------------------------------
 
