@@ -198,6 +198,31 @@ class _PrecheckedDecoder:
         if key is None or key not in self.valid:
             self.inner.check_row(row)
 
+    def check_rows(self, rows: list[Any]) -> np.ndarray:
+        """Mask of the rows accepted: those a precheck accepted, the others by the decoder's own batch check (when
+        it has one) or row by row."""
+        mask = np.zeros(len(rows), dtype=bool)
+        rest: list[int] = []
+        for i, row in enumerate(rows):
+            try:
+                mask[i] = self.inner.row(row).tobytes() in self.valid
+            except _ROW_ERRORS:
+                pass
+            if not mask[i]:
+                rest.append(i)
+        if rest:
+            batch = getattr(self.inner, "check_rows", None)
+            if batch is not None:
+                mask[rest] = batch([rows[i] for i in rest])
+            else:
+                for i in rest:
+                    try:
+                        self.inner.check_row(rows[i])
+                        mask[i] = True
+                    except ValueError:
+                        pass
+        return mask
+
 
 class BatchValidator(Validator):
     """:class:`coordinator.validate.Validator` with the body support checks of a batch done together.
@@ -319,7 +344,7 @@ class FlowerCoordinator:
                 continue
             rec = reply.content[RECORD_KEY]
             for device_id, pub in zip(rec["device_ids"], rec["public_keys"]):
-                wire.load_public_key(str(pub))
+                wire.load_registry_key(str(pub))  # Ed25519 public key or HMAC report key; ValueError if neither
                 self.store.upsert_device(str(device_id), str(pub))
                 n_enrolled += 1
         self.validator.refresh_devices()
@@ -429,14 +454,22 @@ class FlowerCoordinator:
         accepted: list[StoredReport] = []
         rejected: Counter[str] = Counter()
         batch = isinstance(self.validator, BatchValidator)
-        if batch:
-            self.validator.precheck(payloads)
+        check_batch = getattr(self.validator, "check_batch", None)
         try:
-            for topic, payload in zip(topics, payloads):
-                try:
-                    accepted.append(self.validator.check(str(topic), bytes(payload)))
-                except wire.WireError as exc:
-                    rejected[exc.reason] += 1
+            if check_batch is not None:  # the Validator's own batch form: same verdicts, one support check per stream
+                for result in check_batch([(str(t), bytes(p)) for t, p in zip(topics, payloads)]):
+                    if isinstance(result, wire.WireError):
+                        rejected[result.reason] += 1
+                    else:
+                        accepted.append(result)
+            else:
+                if batch:
+                    self.validator.precheck(payloads)
+                for topic, payload in zip(topics, payloads):
+                    try:
+                        accepted.append(self.validator.check(str(topic), bytes(payload)))
+                    except wire.WireError as exc:
+                        rejected[exc.reason] += 1
         finally:
             if batch:
                 self.validator.clear_prechecks()
