@@ -104,9 +104,11 @@ class Agent:
         if self.state is not None:
             return self
         self.state = State(self.config.database_path)
-        self.boot = self.state.begin_boot()
         self.pipeline = Pipeline(self.config, self.secrets.hmac_secret, self.state.load_rounding())
-        self._persist_rounding()
+        rounding = self.pipeline.rounding_state(clear_dirty=False) if self.pipeline.rounding_dirty else None
+        self.boot = self.state.begin_boot(rounding)  # one transaction: the boot and any newly drawn α offsets
+        if rounding is not None:
+            self.pipeline.rounding_saved()
         if self.transport is not None:
             self.transport.start({"boot": self.boot, "key_id": self.secrets.key_id})
         log.info(

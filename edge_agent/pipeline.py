@@ -57,6 +57,7 @@ import hmac
 import inspect
 import math
 import numbers
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -211,9 +212,31 @@ def memo_key(secret: bytes, stream: str, spec: str, canonical_values: list[Any])
 # --- mechanism policy ---------------------------------------------------------------------------------------
 
 
+_SPEC_TEXTS: "OrderedDict[int, tuple[StreamSpec, str]]" = OrderedDict()
+
+
+def _spec_text(spec: StreamSpec) -> str:
+    """Canonical JSON of a validated round spec, remembered for the last few spec objects: the devices a process
+    hosts answer the same round from the same validated spec objects (edge_agent.flower_app.RoundCheck), so it is
+    serialised once per round, not once per device (the entry holds the object, so its id is not reused)."""
+    hit = _SPEC_TEXTS.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    text = wire.canonical_json(spec.model_dump(mode="json", exclude_none=True)).decode()
+    _SPEC_TEXTS[id(spec)] = (spec, text)
+    while len(_SPEC_TEXTS) > 64:
+        _SPEC_TEXTS.popitem(last=False)
+    return text
+
+
+@functools.lru_cache(maxsize=128)
+def _init_parameters(cls: type) -> frozenset[str]:
+    """Names of a mechanism class's constructor parameters (cached: inspecting a signature costs ~60 µs)."""
+    return frozenset(inspect.signature(cls.__init__).parameters)
+
+
 def _constructor_params(name: str, stream: StreamConfig, dims: tuple[DimensionConfig, ...], epsilon: float) -> dict[str, Any]:
-    cls = registry.mechanism_class(name)
-    accepted = inspect.signature(cls.__init__).parameters
+    accepted = _init_parameters(registry.mechanism_class(name))
     params: dict[str, Any] = {"epsilon": epsilon}
     if dims[0].kind == "categorical":
         if "k" in accepted:
@@ -477,7 +500,8 @@ class RoundPlans:
 class _DimRounding:
     """Volatility window (RAM) + epoch steps + life-long α offset for one numeric dimension."""
 
-    def __init__(self, dim: DimensionConfig, state: Mapping[str, Any] | None) -> None:
+    def __init__(self, dim: DimensionConfig, state: Mapping[str, Any] | None,
+                 rng: np.random.Generator | None = None) -> None:
         r = dim.rounding
         lo, hi = float(dim.lo), float(dim.hi)  # type: ignore[arg-type]
         self.detector = VolatilityDetector(lo, hi, window=r.window, tau=r.tau)
@@ -497,7 +521,7 @@ class _DimRounding:
             except (KeyError, ValueError, TypeError):
                 pass  # a changed or damaged rounding config starts afresh (u redrawn only if bounds changed)
         if self.rounder is None:
-            self.rounder = AlphaRounder.draw(lo, hi, os_rng())
+            self.rounder = AlphaRounder.draw(lo, hi, rng if rng is not None else os_rng())
         self.dirty = True
 
     def observe(self, x: float) -> tuple[float, list[Any], bool]:
@@ -571,9 +595,12 @@ class Pipeline:
         self.streams: dict[str, StreamPlan] = {
             s.name: build_stream_plan(config, s) for s in config.effective_streams()
         }
+        #: the device's noise source: ONE generator seeded from OS entropy when the pipeline is built (never a fixed
+        #: seed), drawn from by every privatization and α-offset draw (a fresh OS-seeded generator costs ~60 µs)
+        self.rng = os_rng()
         rounding_state = rounding_state or {}
         self._rounding: dict[str, _DimRounding] = {
-            d.name: _DimRounding(d, rounding_state.get(d.name))
+            d.name: _DimRounding(d, rounding_state.get(d.name), self.rng)
             for d in self.dimensions
             if d.kind == "numeric" and d.rounding.enabled
         }
@@ -581,9 +608,6 @@ class Pipeline:
         self._round_plans: dict[tuple[str, str], StreamPlan] = {}
         self._last_spec: dict[str, tuple[StreamSpec, StreamPlan]] = {}
         self._clients: dict[tuple[str, str], Any] = {}
-        #: the device's noise source: ONE generator seeded from OS entropy when the pipeline is built (never a fixed
-        #: seed), drawn from by every privatization (a fresh OS-seeded generator per report cost ~60 µs)
-        self.rng = os_rng()
 
     # --- observe ------------------------------------------------------------------------------------------
 
@@ -760,9 +784,9 @@ class Pipeline:
                 raise SpecMismatch("malformed", str(exc).splitlines()[0]) from None
         else:
             last = self._last_spec.get(name)
-            if last is not None and last[0] is spec:  # the same validated spec object as last time (a shard's
-                return last[1]                        # devices share one per round): same plan, no re-serialising
-        cache_key = (name, wire.canonical_json(spec.model_dump(mode="json", exclude_none=True)).decode())
+            if last is not None and last[0] is spec:  # the same validated spec object as last time: same plan
+                return last[1]
+        cache_key = (name, _spec_text(spec))
         plan = self._round_plans.get(cache_key)
         if plan is None:
             plan = plan_for_spec(self.streams[name], spec)

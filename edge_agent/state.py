@@ -156,15 +156,39 @@ class State:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS)
-        with self.transaction():
+        if self._schema_version() != SCHEMA_VERSION:  # a current database (every reopen) needs no write here
+            self._create_schema()
+            with self.transaction():
+                cur = self._get("schema_version")
+                if cur is None:
+                    self._set("schema_version", SCHEMA_VERSION)
+                elif int(cur) > SCHEMA_VERSION or int(cur) < 1:
+                    raise RuntimeError(f"{self.path}: schema version {cur}, this agent understands {SCHEMA_VERSION}")
+                elif int(cur) < SCHEMA_VERSION:
+                    self._migrate(int(cur))
+
+    def _schema_version(self) -> int | None:
+        try:
             cur = self._get("schema_version")
-            if cur is None:
-                self._set("schema_version", SCHEMA_VERSION)
-            elif int(cur) > SCHEMA_VERSION or int(cur) < 1:
-                raise RuntimeError(f"{self.path}: schema version {cur}, this agent understands {SCHEMA_VERSION}")
-            elif int(cur) < SCHEMA_VERSION:
-                self._migrate(int(cur))
+        except sqlite3.OperationalError:  # no meta table yet: a new database
+            return None
+        try:
+            return None if cur is None else int(cur)
+        except (TypeError, ValueError):
+            return None
+
+    def _create_schema(self) -> None:
+        """The tables, indexes and triggers (``IF NOT EXISTS``: idempotent) in ONE write transaction, with the
+        schema version of a new database."""
+        try:
+            self._db.executescript(
+                "BEGIN IMMEDIATE;\n" + _SCHEMA
+                + f"\nINSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', {SCHEMA_VERSION});\nCOMMIT;"
+            )
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
 
     def _migrate(self, version: int) -> None:
         """Upgrade a database of an older schema version in place (inside the caller's transaction).
@@ -226,11 +250,14 @@ class State:
 
     # --- counters -----------------------------------------------------------------------------------------
 
-    def begin_boot(self) -> int:
-        """Increment and return the boot counter (call once at every start)."""
-        with self.transaction():
+    def begin_boot(self, rounding: dict[str, dict[str, Any]] | None = None) -> int:
+        """Increment and return the boot counter (call once at every start); ``rounding`` (the pipeline's state,
+        when it drew new α offsets) is saved in the same transaction."""
+        with self.transaction() as db:
             boot = int(self._get("boot", 0)) + 1
             self._set("boot", boot)
+            if rounding:
+                self._save_rounding(db, rounding)
         return boot
 
     @property
@@ -472,10 +499,14 @@ class State:
     @staticmethod
     def _mark(db: sqlite3.Connection, seqs: Sequence[int], status: str, now: float) -> int:
         n = 0
-        for s in seqs:
+        ids = sorted({int(s) for s in seqs})
+        for i in range(0, len(ids), 500):  # one statement per ≤ 500 rows (SQLite's bound-parameter limit)
+            part = ids[i:i + 500]
             n += db.execute(
-                "UPDATE outbox SET status = ?, sent_at = ?, payload = NULL WHERE seq = ? AND status = 'pending'",
-                (status, now, int(s)),
+                # "+status": look the rows up by primary key, not through the (status, seq) index being updated
+                f"UPDATE outbox SET status = ?, sent_at = ?, payload = NULL "
+                f"WHERE seq IN ({','.join('?' * len(part))}) AND +status = 'pending'",
+                (status, now, *part),
             ).rowcount
         return n
 
