@@ -41,6 +41,8 @@ usage: install.sh [options] [PACKAGE]
   --pip-option OPT            extra pip option, repeatable (e.g. --pip-option=--find-links=/media/wheels)
   --skip-pip                  do not install PACKAGE (the venv must already provide `haarvest`)
   --no-enroll                 do not create the device identity now
+  --signature ALG             report key of a new identity: ed25519 (default) or hmac-sha256 (then the
+                              enrolment JSON holds a secret: it is written 0600, give it to the coordinator privately)
   --root DIR                  install under DIR instead of / (implies --no-systemd unless DIR is /)
   --no-useradd                do not create the haarvest user and do not chown (tests, containers)
   --no-systemd                do not run systemctl (the unit file is still installed)
@@ -53,7 +55,7 @@ die() { echo "install.sh: error: $*" >&2; exit 1; }
 say() { echo "install.sh: $*" >&2; }
 
 ROOT=/ VENV='' PACKAGE='' DEVICE_ID='' BROKER='' PORT='' CA='' CERT='' KEY='' COORD_PUB=
-FORCE_CONFIG=0 SYSTEM_SITE=0 SKIP_PIP=0 ENROLL=1 USERADD=1 SYSTEMD=1 START=0
+FORCE_CONFIG=0 SYSTEM_SITE=0 SKIP_PIP=0 ENROLL=1 USERADD=1 SYSTEMD=1 START=0 SIGNATURE=ed25519
 PIP_OPTS=()
 
 need_arg() {
@@ -70,6 +72,7 @@ while [ $# -gt 0 ]; do
     --cert) need_arg "$@"; CERT=$2; shift 2 ;;
     --key) need_arg "$@"; KEY=$2; shift 2 ;;
     --coordinator-pubkey) need_arg "$@"; COORD_PUB=$2; shift 2 ;;
+    --signature) need_arg "$@"; SIGNATURE=$2; shift 2 ;;
     --pip-option) need_arg "$@"; PIP_OPTS+=("$2"); shift 2 ;;
     --pip-option=*) PIP_OPTS+=("${1#--pip-option=}"); shift ;;
     --force-config) FORCE_CONFIG=1; shift ;;
@@ -244,12 +247,17 @@ fi
 
 # --- identity -------------------------------------------------------------------------------------------------
 if [ "$ENROLL" -eq 1 ]; then
-  if ! as_agent "$HAARVEST" agent enroll --config "$CONF" >"$ETC/enrollment.json.tmp"; then
+  (umask 077 && : >"$ETC/enrollment.json.tmp")
+  if ! as_agent "$HAARVEST" agent enroll --config "$CONF" --signature "$SIGNATURE" >"$ETC/enrollment.json.tmp"; then
     rm -f "$ETC/enrollment.json.tmp"
     die "haarvest agent enroll failed (is $HAARVEST usable by the haarvest user?)"
   fi
   mv "$ETC/enrollment.json.tmp" "$ETC/enrollment.json"
-  chmod 0644 "$ETC/enrollment.json"
+  if grep -q '"hmac-sha256:' "$ETC/enrollment.json"; then
+    chmod 0600 "$ETC/enrollment.json"  # holds the device's HMAC report key
+  else
+    chmod 0644 "$ETC/enrollment.json"  # an Ed25519 public key
+  fi
   say "device identity in $STATE; enrolment for the coordinator in $ETC/enrollment.json:"
   cat "$ETC/enrollment.json"
 fi

@@ -173,6 +173,18 @@ def test_second_run_keeps_identity_and_config(install):
     assert (tmp / "root").exists()
 
 
+def test_hmac_identity_enrolment_is_private(install, tmp_path):
+    """``--signature hmac-sha256``: the enrolment JSON holds the HMAC report key, so it is written 0600."""
+    root = tmp_path / "root"
+    res = _run(["--root", str(root), "--no-systemd", "--no-useradd", "--venv", str(install["venv"]), "--skip-pip",
+                "--device-id", "pi-mac", "--signature", "hmac-sha256"])
+    assert res.returncode == 0, res.stderr[-4000:]
+    enrol_file = root / "etc" / "haarvest" / "enrollment.json"
+    enrol = json.loads(enrol_file.read_text())
+    assert enrol["algorithm"] == "hmac-sha256" and enrol["public_key"].startswith("hmac-sha256:")
+    assert _mode(enrol_file) == 0o600
+
+
 def test_bad_arguments(tmp_path):
     res = _run(["--no-such-option"])
     assert res.returncode == 2 and "unknown option" in res.stderr
