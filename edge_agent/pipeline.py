@@ -739,7 +739,7 @@ class Pipeline:
         if client is None:
             kwargs: dict[str, Any] = {"secret": self._secret, "stream": plan.name, "memo_style": "stateless",
                                       "rng": os_rng()}
-            if "seed" in inspect.signature(plan.mechanism.client).parameters:
+            if getattr(plan.mechanism, "device_parameter", None) == "seed":
                 digest = hmac.new(self._secret, b"haarvest-loloha-seed\n" + plan.name.encode(), hashlib.sha256).digest()
                 kwargs["seed"] = int.from_bytes(digest[:8], "big") >> 2  # in [0, 2^62)
             client = plan.mechanism.client(**kwargs)

@@ -195,7 +195,11 @@ class LongitudinalProtocol(ABC):
         return f"{type(self).__name__}({args})"
 
     # --- device --------------------------------------------------------------------------------------------
-    @abstractmethod
+    #: The per-device client class (each protocol module sets it right after defining its client).
+    client_class: ClassVar[type[LongitudinalClient]]
+    #: The name of the protocol's own per-device parameter, if it has one (a keyword of :meth:`client`).
+    device_parameter: ClassVar[str | None] = None
+
     def client(
         self,
         *,
@@ -203,8 +207,12 @@ class LongitudinalProtocol(ABC):
         stream: str = "default",
         memo_style: MemoStyle = "stateless",
         rng: np.random.Generator | None = None,
+        **device: Any,
     ) -> LongitudinalClient:
-        """A per-device client (secret defaults to fresh OS randomness, rng to :func:`protocols.base.os_rng`)."""
+        """A per-device client (secret defaults to fresh OS randomness, rng to :func:`protocols.base.os_rng`);
+        ``device`` holds the protocol's own per-device parameter when one is pinned (LOLOHA ``seed``, RAPPOR
+        ``cohort``, 1BitMean ``u``, dBitFlipPM ``sampled``), drawn fresh otherwise."""
+        return self.client_class(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng, **device)
 
     # --- transcript privacy --------------------------------------------------------------------------------
     def memo_slots(self, values: Any, **device: Any) -> list[Any]:

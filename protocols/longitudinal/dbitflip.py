@@ -23,7 +23,6 @@ import numpy as np
 from protocols.base import check_categories, check_epsilon, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
 from protocols.longitudinal.grr import check_category
-from protocols.longitudinal.memo import MemoStyle
 from protocols.longitudinal.prf import prf_uniform
 
 __all__ = ["DBitFlipPM", "DBitFlipClient", "DBitReports"]
@@ -103,17 +102,6 @@ class DBitFlipPM(LongitudinalProtocol):
             out.append(int(hit[0]) if hit.size else self.d)
         return out
 
-    def client(
-        self,
-        *,
-        secret: bytes | str | None = None,
-        stream: str = "default",
-        memo_style: MemoStyle = "stateless",
-        rng: np.random.Generator | None = None,
-        sampled: Any = None,
-    ) -> DBitFlipClient:
-        return DBitFlipClient(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng, sampled=sampled)
-
     def _init_fleet(self, fleet: FleetState, rng: np.random.Generator, **fixed: Any) -> None:
         sampled = fixed.pop("sampled", None)
         if fixed:
@@ -181,3 +169,7 @@ class DBitFlipClient(LongitudinalClient):
         if set(state) != {"sampled"}:
             raise ValueError("dBitFlipPM device state must contain exactly 'sampled'")
         self.sampled = self.protocol._check_sampled(state["sampled"], 1)[0]
+
+
+DBitFlipPM.device_parameter = "sampled"
+DBitFlipPM.client_class = DBitFlipClient

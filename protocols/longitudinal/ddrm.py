@@ -33,7 +33,7 @@ import numpy as np
 
 from protocols.base import check_epsilon, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
-from protocols.longitudinal.memo import LongitudinalReport, MemoStyle
+from protocols.longitudinal.memo import LongitudinalReport
 
 __all__ = ["DDRM", "DDRMClient"]
 
@@ -222,16 +222,6 @@ class DDRM(LongitudinalProtocol):
     ) -> Any:
         raise NotImplementedError("use privatize_stream / estimate (or privatize_round per time step) for DDRM")
 
-    def client(
-        self,
-        *,
-        secret: bytes | str | None = None,
-        stream: str = "default",
-        memo_style: MemoStyle = "stateless",
-        rng: np.random.Generator | None = None,
-    ) -> DDRMClient:
-        return DDRMClient(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng)
-
 
 class DDRMClient(LongitudinalClient):
     """Device side of DDRM: ``report(bit)`` returns the ±1 reports (int8 array) of the nodes released now.
@@ -295,3 +285,6 @@ class DDRMClient(LongitudinalClient):
         self.t = check_int(state["t"], "t", 0, self.protocol.horizon)
         self.used = check_int(state["used"], "used", 0, self.protocol.max_nonzero)
         self.last = last
+
+
+DDRM.client_class = DDRMClient

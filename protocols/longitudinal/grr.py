@@ -17,7 +17,6 @@ import numpy as np
 from protocols.base import check_categories, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol, grr_fresh
 from protocols.longitudinal.chains import TwoStageChain, check_budget_pair, grr_chain, grr_irr_epsilon
-from protocols.longitudinal.memo import MemoStyle
 from protocols.longitudinal.prf import prf_uniform
 
 __all__ = ["LGRR", "LGRRClient", "grr_from_uniforms", "check_category"]
@@ -66,16 +65,6 @@ class LGRR(LongitudinalProtocol):
     def _check_values(self, values: Any) -> np.ndarray:
         return check_categories(values, self.k)
 
-    def client(
-        self,
-        *,
-        secret: bytes | str | None = None,
-        stream: str = "default",
-        memo_style: MemoStyle = "stateless",
-        rng: np.random.Generator | None = None,
-    ) -> LGRRClient:
-        return LGRRClient(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng)
-
     def privatize_round(
         self, values: Any, fleet: FleetState, rng: np.random.Generator
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -107,3 +96,6 @@ class LGRRClient(LongitudinalClient):
 
     def _irr(self, prr: int) -> int:
         return int(grr_fresh(np.asarray([prr]), self.protocol.k, self.protocol.chain.p2, self.rng)[0])
+
+
+LGRR.client_class = LGRRClient

@@ -33,7 +33,6 @@ from protocols.hashing import P, draw_seeds, hash_values
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol, grr_fresh
 from protocols.longitudinal.chains import TwoStageChain, check_budget_pair, grr_chain, grr_irr_epsilon
 from protocols.longitudinal.grr import check_category, grr_from_uniforms
-from protocols.longitudinal.memo import MemoStyle
 from protocols.longitudinal.prf import prf_uniform
 
 __all__ = ["LOLOHA", "LOLOHAClient", "optimal_g", "support_counts"]
@@ -209,17 +208,6 @@ class LOLOHA(LongitudinalProtocol):
         v = self._check_values(np.asarray(values)).ravel()
         return [int(h) for h in hash_values(np.int64(seed), v, self.g)]
 
-    def client(
-        self,
-        *,
-        secret: bytes | str | None = None,
-        stream: str = "default",
-        memo_style: MemoStyle = "stateless",
-        rng: np.random.Generator | None = None,
-        seed: int | None = None,
-    ) -> LOLOHAClient:
-        return LOLOHAClient(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng, seed=seed)
-
     def _init_fleet(self, fleet: FleetState, rng: np.random.Generator, **fixed: Any) -> None:
         seeds = fixed.pop("seeds", None)
         if fixed:
@@ -285,3 +273,7 @@ class LOLOHAClient(LongitudinalClient):
         if set(state) != {"hash_seed"}:
             raise ValueError("LOLOHA device state must contain exactly 'hash_seed'")
         self.seed = self._check_seed(state["hash_seed"])
+
+
+LOLOHA.device_parameter = "seed"
+LOLOHA.client_class = LOLOHAClient

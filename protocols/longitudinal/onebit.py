@@ -21,7 +21,6 @@ import numpy as np
 
 from protocols.base import check_epsilon, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
-from protocols.longitudinal.memo import MemoStyle
 from protocols.longitudinal.prf import prf_uniform
 
 __all__ = ["OneBitMeanMemo", "OneBitMeanClient", "alpha_round_index"]
@@ -107,17 +106,6 @@ class OneBitMeanMemo(LongitudinalProtocol):
             raise ValueError("1BitMean memo slots need the device's rounding offset: memo_slots(values, u=...)")
         return [int(i) for i in alpha_round_index(self._check_values(values).ravel(), u, self.step, self.s)]
 
-    def client(
-        self,
-        *,
-        secret: bytes | str | None = None,
-        stream: str = "default",
-        memo_style: MemoStyle = "stateless",
-        rng: np.random.Generator | None = None,
-        u: float | None = None,
-    ) -> OneBitMeanClient:
-        return OneBitMeanClient(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng, u=u)
-
     def _init_fleet(self, fleet: FleetState, rng: np.random.Generator, **fixed: Any) -> None:
         u = fixed.pop("u", None)
         if fixed:
@@ -185,3 +173,7 @@ class OneBitMeanClient(LongitudinalClient):
         if set(state) != {"u"}:
             raise ValueError("1BitMean device state must contain exactly 'u'")
         self.u = self._check_u(state["u"])
+
+
+OneBitMeanMemo.device_parameter = "u"
+OneBitMeanMemo.client_class = OneBitMeanClient

@@ -30,7 +30,7 @@ from protocols.base import check_categories, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
 from protocols.longitudinal.chains import check_budget_pair
 from protocols.longitudinal.grr import check_category
-from protocols.longitudinal.memo import MemoStyle, encode_value
+from protocols.longitudinal.memo import encode_value
 from protocols.longitudinal.prf import prf_uniform
 
 __all__ = ["RAPPOR", "RAPPORClient", "RapporReports", "bloom_indices"]
@@ -199,17 +199,6 @@ class RAPPOR(LongitudinalProtocol):
         """S: 1 w.p. q where B' = 1, w.p. p where B' = 0 (fresh)."""
         return (rng.random(prr.shape) < np.where(prr, self.q, self.p)).astype(np.uint8)
 
-    def client(
-        self,
-        *,
-        secret: bytes | str | None = None,
-        stream: str = "default",
-        memo_style: MemoStyle = "stateless",
-        rng: np.random.Generator | None = None,
-        cohort: int | None = None,
-    ) -> RAPPORClient:
-        return RAPPORClient(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng, cohort=cohort)
-
     def _init_fleet(self, fleet: FleetState, rng: np.random.Generator, **fixed: Any) -> None:
         cohorts = fixed.pop("cohorts", None)
         if fixed:
@@ -312,3 +301,7 @@ class RAPPORClient(LongitudinalClient):
         if set(state) != {"cohort"}:
             raise ValueError("RAPPOR device state must contain exactly 'cohort'")
         self.cohort = check_int(state["cohort"], "cohort", 0, self.protocol.num_cohorts - 1)
+
+
+RAPPOR.device_parameter = "cohort"
+RAPPOR.client_class = RAPPORClient

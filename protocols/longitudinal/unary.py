@@ -18,7 +18,6 @@ from protocols.base import check_categories, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
 from protocols.longitudinal.chains import TwoStageChain, check_budget_pair, osue_chain, sue_chain, ue_epsilon
 from protocols.longitudinal.grr import check_category
-from protocols.longitudinal.memo import MemoStyle
 from protocols.longitudinal.prf import prf_uniform
 
 __all__ = ["LOSUE", "LSUE", "LongitudinalUE", "LongitudinalUEClient"]
@@ -64,16 +63,6 @@ class LongitudinalUE(LongitudinalProtocol):
 
     def _check_values(self, values: Any) -> np.ndarray:
         return check_categories(values, self.k)
-
-    def client(
-        self,
-        *,
-        secret: bytes | str | None = None,
-        stream: str = "default",
-        memo_style: MemoStyle = "stateless",
-        rng: np.random.Generator | None = None,
-    ) -> LongitudinalUEClient:
-        return LongitudinalUEClient(self, secret=secret, stream=stream, memo_style=memo_style, rng=rng)
 
     def prr_bits(self, v: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
         """PRR bits from uniforms (…, k): bit j = [u_j < p1] if j = v else [u_j < q1]."""
@@ -130,3 +119,6 @@ class LongitudinalUEClient(LongitudinalClient):
         bits = _unpack_bits(prr, self.protocol.k)
         c = self.protocol.chain
         return (self.rng.random(self.protocol.k) < np.where(bits, c.p2, c.q2)).astype(np.uint8)
+
+
+LongitudinalUE.client_class = LongitudinalUEClient
