@@ -78,8 +78,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
-    from protocols import wire
-
     from .config import ConfigError, create_secrets, load_secrets
 
     try:

@@ -316,6 +316,4 @@ def run(quick: bool = False) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-
     print(run(quick="--quick" in sys.argv))
