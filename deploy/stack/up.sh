@@ -4,22 +4,22 @@
 # directory — all under one work directory. Stop it with deploy/stack/down.sh --work DIR.
 #
 #   deploy/stack/up.sh --work /tmp/hv --agents 3
-#   . /tmp/hv/stack.env            # HAARVEST, DB, KEY, MQTT_PORT, HTTP_PORT, ROUND_PARAMS, ...
-#   $HAARVEST coordinator rounds open --db "$DB" --key "$KEY" --mqtt-host "$MQTT_HOST" --mqtt-port "$MQTT_PORT" \
+#   . /tmp/hv/stack.env            # HAARVEST, COORD_CONF, DB, KEY, HTTP_PORT, ROUND_PARAMS, ...
+#   $HAARVEST coordinator rounds open --config "$COORD_CONF" \
 #       --id r1 --epsilon 3 --params @"$ROUND_PARAMS"
-#   $HAARVEST coordinator estimate r1 --db "$DB"
+#   $HAARVEST coordinator estimate r1 --config "$COORD_CONF"
 #
 # Layout of the work directory (re-running up.sh reuses certificates, keys, identities and databases):
 #   pki/            CA, broker certificate, clients/<cn>.{crt,key} (coordinator, dev-1 … dev-N)
 #   mosquitto/      mosquitto.conf (deploy/mosquitto/haarvest.conf with local paths), haarvest.acl, data, log
-#   coordinator/    coordinator.key (round signing), coordinator.pub, coordinator.db, devices.json, log
+#   coordinator/    coordinator.toml (its run config), coordinator.key (round signing), coordinator.pub,
+#                   coordinator.db, devices.json, log
 #   agents/dev-i/   agent.toml, state/ (ledger, outbox, signing key, HMAC secret), enrollment.json, log
 #   round.json      round parameters matching the agents' streams; stack.env: ports, paths, pids
 #
-# The devices connect over TLS with client certificates (use_identity_as_username + the shipped ACL). The
-# coordinator connects on a second, plain listener bound to loopback: `haarvest coordinator run` and
-# `coordinator rounds` cannot present a client certificate yet (they take only --mqtt-ca), so the stack grants
-# the coordinator's topics to anonymous clients of that loopback listener — see deploy/README.md.
+# Every client connects over TLS with its client certificate (use_identity_as_username + the shipped ACL): the
+# devices, and the coordinator (CN "coordinator") — `coordinator run` and `coordinator rounds` read the same
+# coordinator.toml. The broker has no anonymous listener.
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -32,7 +32,6 @@ usage: up.sh [options]
   --work DIR            work directory (default: ./haarvest-stack)
   --agents N            number of edge agents (default 3)
   --tls-port P          broker TLS port for the devices (default 8883)
-  --mqtt-port P         broker port for the coordinator, always on 127.0.0.1 (default 1883)
   --http-port P         coordinator HTTP API and dashboard (default 8080)
   --bind ADDR           address of the devices' TLS listener and of the dashboard (default 127.0.0.1)
   --broker-host HOST    name the agents connect to (default: the --bind address, 127.0.0.1 for 0.0.0.0;
@@ -48,14 +47,14 @@ EOF
 die() { echo "up.sh: error: $*" >&2; exit 1; }
 say() { echo "up.sh: $*" >&2; }
 
-WORK=./haarvest-stack N=3 TLS_PORT=8883 MQTT_PORT=1883 HTTP_PORT=8080 BIND=127.0.0.1 BROKER_HOST=''
+WORK=./haarvest-stack N=3 TLS_PORT=8883 HTTP_PORT=8080 BIND=127.0.0.1 BROKER_HOST=''
 HAARVEST='' MOSQUITTO='' EPSILON=1.0 PREPARE_ONLY=0 TIMEOUT=60
 while [ $# -gt 0 ]; do
   case "$1" in
-    --work|--agents|--tls-port|--mqtt-port|--http-port|--bind|--broker-host|--haarvest|--mosquitto|--epsilon|--timeout)
+    --work|--agents|--tls-port|--http-port|--bind|--broker-host|--haarvest|--mosquitto|--epsilon|--timeout)
       if [ $# -lt 2 ] || [ -z "$2" ]; then usage >&2; echo "up.sh: error: $1 needs a value" >&2; exit 2; fi
       case "$1" in
-        --work) WORK=$2 ;; --agents) N=$2 ;; --tls-port) TLS_PORT=$2 ;; --mqtt-port) MQTT_PORT=$2 ;;
+        --work) WORK=$2 ;; --agents) N=$2 ;; --tls-port) TLS_PORT=$2 ;;
         --http-port) HTTP_PORT=$2 ;; --bind) BIND=$2 ;; --broker-host) BROKER_HOST=$2 ;;
         --haarvest) HAARVEST=$2 ;; --mosquitto) MOSQUITTO=$2 ;; --epsilon) EPSILON=$2 ;; --timeout) TIMEOUT=$2 ;;
       esac
@@ -66,7 +65,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if ! [[ "$N" =~ ^[0-9]+$ ]] || [ "$N" -lt 1 ] || [ "$N" -gt 999 ]; then die "--agents must be 1..999"; fi
-for p in "$TLS_PORT" "$MQTT_PORT" "$HTTP_PORT"; do
+for p in "$TLS_PORT" "$HTTP_PORT"; do
   if ! [[ "$p" =~ ^[0-9]+$ ]] || [ "$p" -lt 1 ] || [ "$p" -gt 65535 ]; then die "port '$p' is not in 1..65535"; fi
 done
 [[ "$BIND" =~ ^[A-Za-z0-9_.:-]+$ ]] || die "--bind '$BIND' is not an address"
@@ -91,6 +90,7 @@ mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
 PKI=$WORK/pki BROKER_DIR=$WORK/mosquitto COORD_DIR=$WORK/coordinator
 DB=$COORD_DIR/coordinator.db KEY=$COORD_DIR/coordinator.key ROUND_PARAMS=$WORK/round.json
+COORD_CONF=$COORD_DIR/coordinator.toml
 if [ -f "$WORK/stack.env" ] && [ "$PREPARE_ONLY" -eq 0 ]; then
   # shellcheck disable=SC1091
   old_pids=$(. "$WORK/stack.env"; echo "${MOSQUITTO_PID:-} ${COORDINATOR_PID:-} ${AGENT_PIDS:-}")
@@ -105,6 +105,7 @@ mkdir -p "$PKI" "$BROKER_DIR/data" "$COORD_DIR" "$WORK/agents"
 [ -f "$PKI/ca.key" ] || "$HAARVEST" pki init-ca --dir "$PKI" --name "haarvest stack CA" >/dev/null
 hosts=(--host localhost --host 127.0.0.1)
 [ "$BROKER_HOST" = localhost ] || [ "$BROKER_HOST" = 127.0.0.1 ] || hosts+=(--host "$BROKER_HOST")
+[ "$connect_host" = 127.0.0.1 ] || [ "$connect_host" = "$BROKER_HOST" ] || hosts+=(--host "$connect_host")
 [ -f "$PKI/broker.crt" ] || "$HAARVEST" pki broker --dir "$PKI" "${hosts[@]}" >/dev/null
 DEVICES=()
 for i in $(seq 1 "$N"); do DEVICES+=("dev-$i"); done
@@ -115,7 +116,7 @@ done
   sed -n 's/.*"coordinator_public_key": *"\([^"]*\)".*/\1/p' >"$COORD_DIR/coordinator.pub"
 [ -s "$COORD_DIR/coordinator.pub" ] || die "could not create the coordinator key"
 
-# --- broker: the shipped config with this stack's paths, plus the coordinator's loopback listener --------------
+# --- broker: the shipped config with this stack's paths --------------------------------------------------------
 {
   echo "# generated by deploy/stack/up.sh from deploy/mosquitto/haarvest.conf — do not edit"
   if [ "$(id -u)" -eq 0 ]; then
@@ -126,15 +127,10 @@ done
       -e "s|/etc/mosquitto/haarvest.acl|$BROKER_DIR/haarvest.acl|" \
       -e "s|/var/lib/mosquitto/|$BROKER_DIR/data/|" \
       -e "s|^listener 8883.*|listener $TLS_PORT $BIND|" \
-      -e "s|^allow_anonymous false|allow_anonymous true|" \
       "$REPO_DIR/deploy/mosquitto/haarvest.conf"
   cat <<EOF
 
 # --- stack only -------------------------------------------------------------------------------------------------
-# Every TLS client still needs a certificate (require_certificate) and gets its CN as user name, so
-# allow_anonymous only concerns the loopback listener below, where the coordinator connects without a
-# certificate; the ACL grants anonymous clients the coordinator's topics.
-listener $MQTT_PORT 127.0.0.1
 persistence true
 persistence_location $BROKER_DIR/data/
 log_dest file $BROKER_DIR/mosquitto.log
@@ -143,15 +139,21 @@ log_type warning
 log_type notice
 EOF
 } >"$BROKER_DIR/mosquitto.conf"
-{
-  echo "# generated by deploy/stack/up.sh: deploy/mosquitto/haarvest.acl, plus the coordinator's rights for"
-  echo "# anonymous clients of the loopback listener (lines before any 'user' line apply to anonymous clients)"
-  echo "topic read haarvest/v1/reports/#"
-  echo "topic read haarvest/v1/status/#"
-  echo "topic readwrite haarvest/v1/rounds/#"
-  echo
-  cat "$REPO_DIR/deploy/mosquitto/haarvest.acl"
-} >"$BROKER_DIR/haarvest.acl"
+cp "$REPO_DIR/deploy/mosquitto/haarvest.acl" "$BROKER_DIR/haarvest.acl"
+
+# --- coordinator: its run config (TLS with its own client certificate) -----------------------------------------
+cat >"$COORD_CONF" <<EOF
+# generated by deploy/stack/up.sh — \`haarvest coordinator run|rounds|estimate --config $COORD_CONF\`
+db = "$DB"
+key = "$KEY"
+mqtt_host = "$connect_host"
+mqtt_port = $TLS_PORT
+mqtt_ca = "$PKI/ca.crt"
+mqtt_cert = "$PKI/clients/coordinator.crt"
+mqtt_key = "$PKI/clients/coordinator.key"
+http_host = "$BIND"
+http_port = $HTTP_PORT
+EOF
 
 # --- agents: config, identity ---------------------------------------------------------------------------------
 for dev in "${DEVICES[@]}"; do
@@ -249,8 +251,8 @@ HAARVEST='$HAARVEST'
 WORK='$WORK'
 DB='$DB'
 KEY='$KEY'
-MQTT_HOST=127.0.0.1
-MQTT_PORT=$MQTT_PORT
+COORD_CONF='$COORD_CONF'
+MQTT_HOST=$connect_host
 TLS_PORT=$TLS_PORT
 HTTP_PORT=$HTTP_PORT
 HTTP_URL='http://$connect_host:$HTTP_PORT'
@@ -285,12 +287,10 @@ AGENT_PIDS='' pids=()
 MOSQUITTO_PID=$!
 write_env
 wait_for mosquitto "$MOSQUITTO_PID" port_open "$connect_host" "$TLS_PORT"
-wait_for mosquitto "$MOSQUITTO_PID" port_open 127.0.0.1 "$MQTT_PORT"
-say "mosquitto (pid $MOSQUITTO_PID): devices TLS $BIND:$TLS_PORT, coordinator 127.0.0.1:$MQTT_PORT"
+say "mosquitto (pid $MOSQUITTO_PID): TLS with client certificates on $BIND:$TLS_PORT"
 
 : >"$COORD_DIR/coordinator.log"
-"$HAARVEST" coordinator run --db "$DB" --key "$KEY" --mqtt-host 127.0.0.1 --mqtt-port "$MQTT_PORT" \
-  --http-host "$BIND" --http-port "$HTTP_PORT" >>"$COORD_DIR/coordinator.log" 2>&1 </dev/null &
+"$HAARVEST" coordinator run --config "$COORD_CONF" >>"$COORD_DIR/coordinator.log" 2>&1 </dev/null &
 COORDINATOR_PID=$!
 write_env
 wait_for coordinator "$COORDINATOR_PID" log_has "$COORD_DIR/coordinator.log" '"status": "ready"'
@@ -311,7 +311,7 @@ say "$N agents connected over TLS (pids $AGENT_PIDS)"
 cat >&2 <<EOF
 up.sh: the stack is up. Open a round, read its estimates, stop everything:
   . $WORK/stack.env
-  \$HAARVEST coordinator rounds open --db "\$DB" --key "\$KEY" --mqtt-host "\$MQTT_HOST" --mqtt-port "\$MQTT_PORT" --id r1 --epsilon \$ROUND_EPSILON --params @"\$ROUND_PARAMS"
-  \$HAARVEST coordinator estimate r1 --db "\$DB"          # or \$HTTP_URL/
+  \$HAARVEST coordinator rounds open --config "\$COORD_CONF" --id r1 --epsilon \$ROUND_EPSILON --params @"\$ROUND_PARAMS"
+  \$HAARVEST coordinator estimate r1 --config "\$COORD_CONF"   # or \$HTTP_URL/
   $SCRIPT_DIR/down.sh --work $WORK
 EOF

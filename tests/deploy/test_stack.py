@@ -86,7 +86,7 @@ def _sent_rows(state_db: Path) -> set[tuple[int, str, str]]:
 def stack(tmp_path):
     _need_mosquitto()
     work = tmp_path / "stack"
-    ports = {"--tls-port": free_port(), "--mqtt-port": free_port(), "--http-port": free_port()}
+    ports = {"--tls-port": free_port(), "--http-port": free_port()}
     cmd = ["bash", str(STACK / "up.sh"), "--work", str(work), "--agents", str(N_AGENTS), "--haarvest", str(HAARVEST),
            "--timeout", "45"]
     for opt, port in ports.items():
@@ -104,7 +104,7 @@ def stack(tmp_path):
 
 def test_stack_two_rounds_over_tls(stack):
     work, env = stack
-    db, key, port = env["DB"], env["KEY"], env["MQTT_PORT"]
+    db, key, conf = env["DB"], env["KEY"], env["COORD_CONF"]
     devices = env["AGENTS"].split()
     assert devices == [f"dev-{i}" for i in range(1, N_AGENTS + 1)]
     # the devices connected with their own certificates (mosquitto logs the CN it took as user name)
@@ -113,14 +113,15 @@ def test_stack_two_rounds_over_tls(stack):
         assert f"as {dev} (" in broker_log and f"u'{dev}'" in broker_log
     assert json.loads(_hv("coordinator", "devices", "--db", db).stdout)[0]["status"] == "active"
 
-    mqtt = ["--mqtt-host", env["MQTT_HOST"], "--mqtt-port", port]
     pki = work / "pki"
+    # the broker has no anonymous listener: only the TLS one, where every client presents a certificate
+    assert "allow_anonymous false" in (work / "mosquitto" / "mosquitto.conf").read_text()
     # the coordinator's own certificate (CN "coordinator") on the devices' TLS listener, as the shipped ACL expects
     tls = ["--mqtt-host", "127.0.0.1", "--mqtt-port", env["TLS_PORT"], "--mqtt-ca", str(pki / "ca.crt"),
            "--mqtt-cert", str(pki / "clients" / "coordinator.crt"), "--mqtt-key", str(pki / "clients" / "coordinator.key")]
     for r, rid in enumerate(("r1", "r2")):
-        if r == 0:  # over the loopback listener
-            _hv("coordinator", "rounds", "open", "--db", db, "--key", key, *mqtt, "--id", rid,
+        if r == 0:  # with the stack's coordinator.toml (TLS, the coordinator's certificate)
+            _hv("coordinator", "rounds", "open", "--config", conf, "--id", rid,
                 "--epsilon", env["ROUND_EPSILON"], "--params", "@" + env["ROUND_PARAMS"])
         else:  # over TLS with the coordinator's client certificate; published at once (the running coordinator
             # looks up a round it does not know in the store: test_round_opened_elsewhere_is_known_to_the_validator)
@@ -203,7 +204,9 @@ def test_prepare_only_matches_shipped_config(tmp_path):
     for line in ("require_certificate true", "use_identity_as_username true", "tls_version tlsv1.2",
                  "per_listener_settings false", "max_queued_messages 100000"):
         assert line in shipped and line in conf
-    assert "listener 8883 0.0.0.0" in conf and "listener 1883 127.0.0.1" in conf
+    assert "listener 8883 0.0.0.0" in conf and conf.count("\nlistener ") == 1  # no anonymous listener
+    coord = (work / "coordinator" / "coordinator.toml").read_text()
+    assert 'mqtt_host = "127.0.0.1"' in coord and "mqtt_port = 8883" in coord and "coordinator.crt" in coord
     assert not any(l.startswith("persistence_location") for l in shipped.splitlines())  # Debian's mosquitto.conf sets it; a second one stops the broker
     assert "persistence true" in conf
     assert (REPO / "deploy" / "mosquitto" / "haarvest.acl").read_text() in (work / "mosquitto" / "haarvest.acl").read_text()
@@ -241,9 +244,8 @@ def test_compose_file_consistent_with_script():
     coord = services["coordinator"]
     assert coord["network_mode"] == "service:mosquitto"
     cmd = coord["command"]
-    assert cmd[:3] == ["haarvest", "coordinator", "run"]
-    assert cmd[cmd.index("--mqtt-port") + 1] == init[init.index("--mqtt-port") + 1]
-    assert cmd[cmd.index("--mqtt-host") + 1] == "127.0.0.1"
+    assert cmd == ["haarvest", "coordinator", "run", "--config", "/stack/coordinator/coordinator.toml"]
+    assert init[init.index("--work") + 1] == "/stack"
     run_help = subprocess.run([str(HAARVEST), "coordinator", "run", "--help"], capture_output=True, text=True).stdout
     for opt in (o for o in cmd if o.startswith("--")):
         assert opt in run_help, opt
@@ -259,6 +261,7 @@ def _documented_commands(text: str) -> list[list[str]]:
     import re
 
     text = re.sub(r"\\\n\s*#?\s*", " ", text)  # continuations, also inside comment blocks
+    text = text.replace("\\$", "$")  # \$VAR inside here-documents
     out = []
     for line in text.splitlines():
         line = line.split(" #")[0]
