@@ -90,7 +90,7 @@ def _identity(x: Any) -> Any:
 _XXHASH_SHIMMED: list[str] = []
 
 
-def _xxhash_str_compat(*modules: types.ModuleType) -> None:
+def xxhash_str_compat(*modules: types.ModuleType) -> None:
     """Let the peers' local hashing run on xxhash ≥ 4, which no longer accepts ``str`` (both peers pass ``str(v)``).
 
     xxhash < 4 hashed a str as its UTF-8 bytes, so encoding first gives the same digests; the wrapper adds one Python
@@ -116,12 +116,12 @@ def _xxhash_str_compat(*modules: types.ModuleType) -> None:
         _XXHASH_SHIMMED.append(module.__name__)
 
 
-def _pure_ldp_impls() -> list[Impl]:
+def pure_ldp_impls() -> list[Impl]:
     de = _pure_ldp("direct_encoding")
     ue = _pure_ldp("unary_encoding")
     lh = _pure_ldp("local_hashing")
     hr = _pure_ldp("hadamard_response")
-    _xxhash_str_compat(_pure_ldp("local_hashing.lh_client"), _pure_ldp("local_hashing.lh_server"))
+    xxhash_str_compat(_pure_ldp("local_hashing.lh_client"), _pure_ldp("local_hashing.lh_server"))
 
     def server_decode(make_server: Callable[[], Any]) -> Callable[[Any, int], np.ndarray]:
         def decode(reports: list, n: int) -> np.ndarray:
@@ -169,11 +169,11 @@ def _pure_ldp_impls() -> list[Impl]:
     ]
 
 
-def _multi_freq_impls() -> list[Impl]:
+def multi_freq_impls() -> list[Impl]:
     grr = importlib.import_module("multi_freq_ldpy.pure_frequency_oracles.GRR")
     ue = importlib.import_module("multi_freq_ldpy.pure_frequency_oracles.UE")
     lh = importlib.import_module("multi_freq_ldpy.pure_frequency_oracles.LH")
-    _xxhash_str_compat(lh)
+    xxhash_str_compat(lh)
     return [
         Impl(
             "GRR",
@@ -202,7 +202,7 @@ def _multi_freq_impls() -> list[Impl]:
 # --- haarvest -----------------------------------------------------------------------------------------------------
 
 
-def _haarvest_impls(rng: np.random.Generator) -> list[Impl]:
+def haarvest_impls(rng: np.random.Generator) -> list[Impl]:
     def impl(label: str, oracle: Any) -> Impl:
         return Impl(
             label,
@@ -312,9 +312,9 @@ def run(quick: bool) -> str:
     np.random.seed(SEED)  # the peers draw from numpy's and Python's global generators
     random.seed(SEED)
 
-    impls = _haarvest_impls(np.random.default_rng(SEED + 1))
+    impls = haarvest_impls(np.random.default_rng(SEED + 1))
     notes: list[str] = []
-    for loader in (_multi_freq_impls, _pure_ldp_impls):
+    for loader in (multi_freq_impls, pure_ldp_impls):
         try:
             impls += loader()
         except ImportError as exc:  # peers are optional (pip install -e ".[bench]")

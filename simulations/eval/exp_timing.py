@@ -94,8 +94,8 @@ def subjects(rng: np.random.Generator, jit: bool = True) -> list[Subject]:
         _numeric_subject(f"HM k-sampling (d={NUMERIC_D})", KSampling(EPSILON, NUMERIC_D, "hybrid"), rng),
         _numeric_subject(f"Duchi multi-dim (d={NUMERIC_D})", DuchiMultiDim(EPSILON, NUMERIC_D), rng),
     ]
-    impls = bench_frequency._haarvest_impls(rng)[:4]  # GRR, OUE, OLH, HR
-    for loader in (bench_frequency._multi_freq_impls, bench_frequency._pure_ldp_impls):
+    impls = bench_frequency.haarvest_impls(rng)[:4]  # GRR, OUE, OLH, HR
+    for loader in (bench_frequency.multi_freq_impls, bench_frequency.pure_ldp_impls):
         try:
             impls += loader()
         except ImportError:  # peers are optional extras

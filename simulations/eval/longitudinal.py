@@ -88,9 +88,9 @@ def peer_protocols(epsilon: float, k: int, jit: bool = True) -> list[PeerProtoco
                for n in ("L_GRR", "L_OSUE", "L_LH", "dBitFlipPM")}
     except ImportError:
         return []
-    from simulations.bench.frequency import _xxhash_str_compat  # the peers' xxhash needs bytes on xxhash >= 4
+    from simulations.bench.frequency import xxhash_str_compat  # the peers' xxhash needs bytes on xxhash >= 4
 
-    _xxhash_str_compat(mod["L_LH"])
+    xxhash_str_compat(mod["L_LH"])
     e1 = IRR_FRACTION * epsilon
     grr, osue, lh, dbit = mod["L_GRR"], mod["L_OSUE"], mod["L_LH"], mod["dBitFlipPM"]
     peers = [
