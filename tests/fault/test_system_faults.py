@@ -20,7 +20,6 @@ Invariants checked at the end:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -34,7 +33,6 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from coordinator import pki
 from coordinator.estimate import estimate_round
 from coordinator.rounds import RoundManager
 from coordinator.service import load_or_create_key
@@ -102,22 +100,10 @@ class Publisher:
         self.client.loop_stop()
 
 
-class CoordinatorProcess:
-    """`haarvest coordinator run` as a child process."""
+class _Process:
+    """A child process the test can SIGKILL (a crash) or stop (SIGTERM, then SIGKILL after 30 s)."""
 
-    def __init__(self, tmp: Path, port: int) -> None:
-        self.db, self.key, self.port = tmp / "coordinator.db", tmp / "coordinator.key", port
-        self.log = tmp / "coordinator.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "haarvest", "coordinator", "run", "--db", str(self.db), "--key", str(self.key),
-             "--mqtt-port", str(self.port), "--batch-ms", "10"],
-            stdout=subprocess.PIPE, stderr=open(self.log, "ab"), cwd=ROOT, text=True,
-        )
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        assert json.loads(line)["status"] == "ready", line
+    proc: subprocess.Popen | None = None
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -134,7 +120,25 @@ class CoordinatorProcess:
                 self.proc.wait()
 
 
-class AgentProcess:
+class CoordinatorProcess(_Process):
+    """`haarvest coordinator run` as a child process."""
+
+    def __init__(self, tmp: Path, port: int) -> None:
+        self.db, self.key, self.port = tmp / "coordinator.db", tmp / "coordinator.key", port
+        self.log = tmp / "coordinator.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "haarvest", "coordinator", "run", "--db", str(self.db), "--key", str(self.key),
+             "--mqtt-port", str(self.port), "--batch-ms", "10"],
+            stdout=subprocess.PIPE, stderr=open(self.log, "ab"), cwd=ROOT, text=True,
+        )
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        assert json.loads(line)["status"] == "ready", line
+
+
+class AgentProcess(_Process):
     """`haarvest agent run` with a TOML config and a constant replayed reading."""
 
     def __init__(self, tmp: Path, device_id: str, port: int, coord_pub: str, cpu: float, mode: int) -> None:
@@ -200,20 +204,6 @@ reconnect_max_s = 2
         self.proc = subprocess.Popen([sys.executable, "-m", "haarvest", "agent", "run", "-c", str(self.conf),
                                       "--drain-timeout", "5"], stdout=subprocess.DEVNULL,
                                      stderr=open(self.log, "ab"), cwd=ROOT)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
     def answered(self, round_id: str) -> bool:
         return bool(_rows(self.db, "SELECT 1 FROM rounds WHERE round_id = ?", (round_id,)))
