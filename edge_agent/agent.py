@@ -50,6 +50,9 @@ class ReportOutcome:
     refused: list[tuple[str, str]] = field(default_factory=list)
     invalid: str | None = None
     exhausted: bool = False
+    #: pending outbox rows older than these commits when they committed (None: unknown); 0 means the commits are
+    #: exactly what the outbox holds pending
+    backlog: int | None = None
 
     @property
     def charged(self) -> float:
@@ -284,6 +287,7 @@ class Agent:
             for p in prepared_list
         ]
         results = self._commit(requests, round_record, cap)
+        outcome.backlog = state.backlog
         for prepared, result in zip(prepared_list, results):
             if isinstance(result, Refused):
                 self.stats[f"refused.{result.reason}"] += 1

@@ -399,14 +399,17 @@ class DeviceShard:
                 for _, reason in outcome.refused:
                     out.counters[f"refused.{reason}"] += 1
             agent.flush_sent()  # rows of the last reply not yet marked (no report transaction this round)
-            state = agent.state
-            assert state is not None
-            rows = state.pending(limit=self.max_reports_per_device)
+            if outcome is not None and outcome.backlog == 0:  # the round's commits are all the outbox holds pending
+                rows = [(c.seq, c.topic, c.payload) for c in outcome.commits[: self.max_reports_per_device]]
+            else:  # older pending rows (a crash, a refused round, a reply limit): the outbox decides
+                state = agent.state
+                assert state is not None
+                rows = [(r.seq, r.topic, r.payload) for r in state.pending(limit=self.max_reports_per_device)]
             if rows:
-                for row in rows:
-                    out.topics.append(row.topic)
-                    out.payloads.append(row.payload)
-                agent.mark_sent_later([row.seq for row in rows])  # marked sent in the device's next transaction
+                for _, topic, payload in rows:
+                    out.topics.append(topic)
+                    out.payloads.append(payload)
+                agent.mark_sent_later([seq for seq, _, _ in rows])  # marked sent in the device's next transaction
             OPEN_AGENTS.release(agent)
         out.counters["devices"] = len(self.devices)
         return out

@@ -146,11 +146,104 @@ class OutboxRow:
     payload: bytes
 
 
+class _Spent:
+    """What the ledger has spent, for the cap checks of one :meth:`State.commit_reports` batch: summed in ONE pass
+    over the ledger when the batch's first charge is checked, then kept up to date with the batch's own charges
+    (their ledger rows are written when the batch ends).
+
+    With a renewal period P only charges with ``ts > now - P`` count for the stream and total caps and for δ (a
+    sliding window; the batch's own charges have ``ts ≥ now`` and always count); the round cap counts every charge
+    of the round. ``last_ts`` is the timestamp of the batch's charges: ``max(now, last ledger ts)`` (ledger time
+    never goes backwards)."""
+
+    __slots__ = ("streams", "rounds", "total", "delta", "last_ts")
+
+    def __init__(self, streams: dict[str, float], rounds: dict[str, float], total: float, delta: float,
+                 last_ts: float) -> None:
+        self.streams, self.rounds, self.total, self.delta, self.last_ts = streams, rounds, total, delta, last_ts
+
+    @classmethod
+    def load(cls, db: sqlite3.Connection, requests: Sequence["ReportRequest"], period: float | None,
+             now: float) -> "_Spent":
+        since = -float("inf") if period is None else now - period
+        streams = list(dict.fromkeys(r.stream for r in requests))
+        rounds = list(dict.fromkeys(r.round_id for r in requests))
+        cols = ["COALESCE(SUM(CASE WHEN stream = ? AND ts > ? THEN epsilon END), 0)"] * len(streams)
+        cols += ["COALESCE(SUM(CASE WHEN round_id = ? THEN epsilon END), 0)"] * len(rounds)
+        cols += ["COALESCE(SUM(CASE WHEN ts > ? THEN epsilon END), 0)",
+                 "COALESCE(SUM(CASE WHEN ts > ? THEN delta END), 0)", "MAX(ts)"]
+        args: list[Any] = [a for s in streams for a in (s, since)] + rounds + [since, since]
+        row = db.execute(f"SELECT {', '.join(cols)} FROM ledger", args).fetchone()
+        ns, nr = len(streams), len(rounds)
+        return cls(dict(zip(streams, row[:ns])), dict(zip(rounds, row[ns:ns + nr])), row[ns + nr],
+                   row[ns + nr + 1], max(now, row[ns + nr + 2] or 0.0))
+
+    def check(self, stream: str, round_id: str, eps: float, stream_cap: float, total_cap: float,
+              round_cap: float | None, delta: float, delta_cap: float | None) -> None:
+        """Refuse a charge of ``eps`` (and ``delta``) that would exceed a cap (:class:`Refused`)."""
+        tol = 1e-12
+        spent_stream = self.streams.get(stream, 0.0)
+        if spent_stream + eps > stream_cap + tol:
+            raise Refused("stream_cap", f"stream {stream!r} spent {spent_stream:.6g} + {eps:.6g} > cap {stream_cap:.6g}")
+        if self.total + eps > total_cap + tol:
+            raise Refused("total_cap", f"spent {self.total:.6g} + {eps:.6g} > total cap {total_cap:.6g}")
+        spent_round = self.rounds.get(round_id, 0.0)
+        if round_cap is not None and spent_round + eps > round_cap + tol:
+            raise Refused("round_budget", f"round {round_id!r} spent {spent_round:.6g} + {eps:.6g} > {round_cap:.6g}")
+        if delta > 0:
+            # basic composition of (ε, δ) charges: Σ δ (window) + δ ≤ delta_cap; no cap refuses any δ > 0
+            if not (0 < delta < 1):
+                raise Refused("delta_cap", f"δ = {delta!r} is not in (0, 1)")
+            if delta_cap is None:
+                raise Refused("delta_cap", "an (ε, δ) charge needs ledger.delta_cap")
+            if self.delta + delta > delta_cap * (1 + 1e-12):
+                raise Refused("delta_cap", f"spent δ {self.delta:.6g} + {delta:.6g} > cap {delta_cap:.6g}")
+
+    def charge(self, stream: str, round_id: str, eps: float, delta: float) -> None:
+        self.streams[stream] = self.streams.get(stream, 0.0) + eps
+        self.rounds[round_id] = self.rounds.get(round_id, 0.0) + eps
+        self.total += eps
+        if delta > 0:
+            self.delta += delta
+
+
+class _Writes:
+    """The rows one :meth:`State.commit_reports` batch writes, written together at its end (``executemany``)."""
+
+    __slots__ = ("ledger", "memo", "memo_hits", "outbox")
+
+    def __init__(self) -> None:
+        self.ledger: list[tuple[Any, ...]] = []
+        self.memo: list[tuple[Any, ...]] = []
+        self.memo_hits: list[str] = []
+        self.outbox: list[tuple[Any, ...]] = []
+
+    def flush(self, db: sqlite3.Connection, now: float) -> None:
+        if self.ledger:
+            db.executemany(
+                "INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism, delta) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.ledger)
+        if self.memo:
+            db.executemany(
+                "INSERT INTO memo (key, stream, spec, body, epsilon, created, last_used) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                self.memo)
+        if self.memo_hits:
+            db.executemany("UPDATE memo SET hits = hits + 1, last_used = ? WHERE key = ?",
+                           [(now, key) for key in self.memo_hits])
+        if self.outbox:
+            db.executemany(
+                "INSERT INTO outbox (seq, topic, payload, status, stream, round_id, epsilon, memo_key, created) "
+                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)", self.outbox)
+
+
 class State:
     """The agent's SQLite database. Not thread-safe: use it from one thread (the agent's)."""
 
     def __init__(self, path: str | Path, timeout: float = 30.0) -> None:
         self.path = Path(path)
+        #: pending outbox rows older than the last :meth:`commit_reports` batch (after its ``sent`` marks; None for
+        #: a batch without requests): 0 means that batch's commits are all the outbox holds pending
+        self.backlog: int | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -347,19 +440,28 @@ class State:
             if rounding:
                 self._save_rounding(db, rounding)
             added: Counter[str] = Counter({f"count.{k}": int(v) for k, v in (counters or {}).items()})
+            self.backlog = None
             if requests:
-                pending = int(db.execute("SELECT COUNT(*) FROM outbox WHERE status = 'pending'").fetchone()[0])
-                seq = int(self._get("next_seq", 0))
+                pending, seq = db.execute(
+                    "SELECT (SELECT COUNT(*) FROM outbox WHERE status = 'pending'), "
+                    "(SELECT value FROM meta WHERE key = 'next_seq')"
+                ).fetchone()
+                pending, seq = int(pending), int(seq or 0)
+                self.backlog = pending
                 keys = [r.memo_key for r in requests if r.memoize]
                 memo: dict[str, str] = {}
                 if keys:
                     marks = ",".join("?" * len(keys))
                     memo = dict(db.execute(f"SELECT key, body FROM memo WHERE key IN ({marks})", keys).fetchall())
+                budget: _Spent | None = None
+                writes = _Writes()
                 for req in requests:
+                    body_text = memo.get(req.memo_key) if req.memoize else None
+                    if body_text is None and budget is None:  # the first charge: sum the ledger once for the batch
+                        budget = _Spent.load(db, requests, renewal_period_s, now)
                     try:
-                        commit = self._commit_one(db, req, seq, pending, memo.get(req.memo_key) if req.memoize
-                                                  else None, total_cap, renewal_period_s, max_pending, now,
-                                                  delta_cap)
+                        commit = self._commit_one(req, seq, pending, body_text, budget, total_cap, max_pending, now,
+                                                  delta_cap, writes, memo)
                     except Refused as exc:
                         added[f"count.refused_{exc.reason}"] += 1
                         results.append(exc)
@@ -368,7 +470,8 @@ class State:
                     seq += 1
                     pending += 1
                     added["count.memo_hits" if commit.memo_hit else "count.charged_reports"] += 1
-                self._set("next_seq", seq)
+                    added["next_seq"] += 1
+                writes.flush(db, now)
             if added:
                 db.executemany(
                     "INSERT INTO meta (key, value) VALUES (?, ?) "
@@ -379,99 +482,49 @@ class State:
 
     def _commit_one(
         self,
-        db: sqlite3.Connection,
         req: "ReportRequest",
         seq: int,
         pending: int,
         memo_body: str | None,
+        budget: "_Spent | None",
         total_cap: float,
-        renewal_period_s: float | None,
         max_pending: int,
         now: float,
-        delta_cap: float | None = None,
+        delta_cap: float | None,
+        writes: "_Writes",
+        memo: dict[str, str],
     ) -> Commit:
-        """One report of :meth:`commit_reports`: every check (and ``make_body``/``make_payload``) first, then the
-        writes — a :class:`Refused` leaves nothing behind."""
+        """One report of :meth:`commit_reports`: every check (and ``make_body``/``make_payload``) first; then its
+        rows are queued in ``writes`` and its charge in ``budget`` — a :class:`Refused` leaves nothing behind."""
         if pending >= max_pending:
             raise Refused("outbox_full", f"{pending} reports await acknowledgement (max {max_pending})")
         hit = memo_body is not None
-        ts = now
         delta = float(req.delta)
+        ts = now
         if hit:
             body = req.make_body() if req.refresh else json.loads(memo_body)  # type: ignore[arg-type]
             charged = 0.0
         else:
+            assert budget is not None
             charged = float(req.epsilon)
-            ts = self._check_caps(db, req.stream, req.round_id, charged, req.stream_cap, total_cap, req.round_cap,
-                                  renewal_period_s, now, delta, delta_cap)
+            budget.check(req.stream, req.round_id, charged, req.stream_cap, total_cap, req.round_cap, delta,
+                         delta_cap)
+            ts = budget.last_ts
             body = req.make_body()
-        topic, payload = req.make_payload(seq, body)  # may refuse (too_large): nothing is written yet
+        topic, payload = req.make_payload(seq, body)  # may refuse (too_large): nothing is queued yet
         if hit:
-            db.execute("UPDATE memo SET hits = hits + 1, last_used = ? WHERE key = ?", (now, req.memo_key))
+            writes.memo_hits.append(req.memo_key)
         else:
-            db.execute(
-                "INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism, delta) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (ts, req.stream, req.round_id, charged, req.memo_key, seq, req.mechanism,
-                 delta if delta > 0 else None),
-            )
+            budget.charge(req.stream, req.round_id, charged, delta)  # type: ignore[union-attr]
+            writes.ledger.append((ts, req.stream, req.round_id, charged, req.memo_key, seq, req.mechanism,
+                                  delta if delta > 0 else None))
             if req.memoize:
-                db.execute(
-                    "INSERT INTO memo (key, stream, spec, body, epsilon, created, last_used) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (req.memo_key, req.stream, req.spec, json.dumps(body, sort_keys=True), charged, now, now),
-                )
-        db.execute(
-            "INSERT INTO outbox (seq, topic, payload, status, stream, round_id, epsilon, memo_key, created) "
-            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
-            (seq, topic, payload, req.stream, req.round_id, charged, req.memo_key, now),
-        )
+                text = json.dumps(body, sort_keys=True)
+                writes.memo.append((req.memo_key, req.stream, req.spec, text, charged, now, now))
+                memo[req.memo_key] = text  # a later request of the batch with this key is a memo hit
+        writes.outbox.append((seq, topic, payload, req.stream, req.round_id, charged, req.memo_key, now))
         return Commit(seq=seq, topic=topic, payload=payload, charged=charged, memo_hit=hit, body=body)
 
-    def _check_caps(
-        self,
-        db: sqlite3.Connection,
-        stream: str,
-        round_id: str,
-        eps: float,
-        stream_cap: float,
-        total_cap: float,
-        round_cap: float | None,
-        period: float | None,
-        now: float,
-        delta: float = 0.0,
-        delta_cap: float | None = None,
-    ) -> float:
-        """Refuse a charge of ``eps`` (and ``delta``) that would exceed a cap; return the charge's ledger
-        timestamp ``max(now, last ts)``. One pass over the ledger sums the stream's and the device's charges in the
-        window, the round's charges and the window's δ."""
-        tol = 1e-12
-        since = -float("inf") if period is None else now - period
-        spent_stream, spent_total, spent_round, spent_delta, last_ts = db.execute(
-            "SELECT COALESCE(SUM(CASE WHEN stream = ? AND ts > ? THEN epsilon END), 0), "
-            "COALESCE(SUM(CASE WHEN ts > ? THEN epsilon END), 0), "
-            "COALESCE(SUM(CASE WHEN round_id = ? THEN epsilon END), 0), "
-            "COALESCE(SUM(CASE WHEN ts > ? THEN delta END), 0), MAX(ts) FROM ledger",
-            (stream, since, since, round_id, since),
-        ).fetchone()
-        if spent_stream + eps > stream_cap + tol:
-            raise Refused("stream_cap", f"stream {stream!r} spent {spent_stream:.6g} + {eps:.6g} > cap {stream_cap:.6g}")
-        if spent_total + eps > total_cap + tol:
-            raise Refused("total_cap", f"spent {spent_total:.6g} + {eps:.6g} > total cap {total_cap:.6g}")
-        if round_cap is not None and spent_round + eps > round_cap + tol:
-            raise Refused("round_budget", f"round {round_id!r} spent {spent_round:.6g} + {eps:.6g} > {round_cap:.6g}")
-        if delta > 0:
-            self._check_delta_cap(spent_delta, delta, delta_cap)
-        return max(now, last_ts or 0.0)
-
-    @staticmethod
-    def _check_delta_cap(spent: float, delta: float, delta_cap: float | None) -> None:
-        """Basic composition of (ε, δ) charges: ``Σ δ (window) + δ ≤ delta_cap``; no cap refuses any δ > 0."""
-        if not (0 < delta < 1):
-            raise Refused("delta_cap", f"δ = {delta!r} is not in (0, 1)")
-        if delta_cap is None:
-            raise Refused("delta_cap", "an (ε, δ) charge needs ledger.delta_cap")
-        if spent + delta > delta_cap * (1 + 1e-12):
-            raise Refused("delta_cap", f"spent δ {spent:.6g} + {delta:.6g} > cap {delta_cap:.6g}")
 
     # --- outbox -------------------------------------------------------------------------------------------
 

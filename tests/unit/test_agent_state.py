@@ -143,3 +143,36 @@ def test_rounds_and_rounding_tables(tmp_path):
         assert st.counters()["x"] == 3
         s = st.status()
         assert s["rounds"] == {"answered": 1} and s["boot"] == 0
+
+
+def test_one_batch_with_a_repeated_memo_key_charges_once(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        c1, c2 = _commit(st, [_req(key="a", body={"report": 7}), _req(key="a", body={"report": 99})])
+        assert (c1.charged, c1.memo_hit, c2.charged, c2.memo_hit, c2.body) == (1.0, False, 0.0, True, {"report": 7})
+        assert st._db.execute("SELECT hits FROM memo WHERE key = 'a'").fetchone()[0] == 1
+        assert st.spent() == 1.0 and st.next_seq == 2 and st.check_invariants()["ok"]
+
+
+def test_round_record_rounding_counters_and_sent_marks_commit_with_the_reports(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        (c0,) = _commit(st, [_req(key="a")])
+        assert st.backlog == 0
+        (c1,) = st.commit_reports([_req(key="b")], total_cap=100.0, renewal_period_s=None, max_pending=10,
+                                  round_record=("r2", "answered", ""), rounding={"cpu": {"u": [0.5]}},
+                                  counters={"clipped.cpu": 2}, sent=[c0.seq])
+        assert st.backlog == 0  # c0 was marked sent in the same transaction
+        assert st.round_seen("r2") == "answered" and st.load_rounding() == {"cpu": {"u": [0.5]}}
+        assert st.counters()["clipped.cpu"] == 2 and st.pending_count() == 1 and st.next_seq == 2
+        (c2,) = _commit(st, [_req(key="c")])
+        assert st.backlog == 1  # c1 is still pending
+        # a failing batch (an exception that is not a refusal) leaves none of it: no round record, no mark, no row
+        def boom():
+            raise RuntimeError("privatize failed")
+
+        bad = ReportRequest(stream="s", round_id="r3", memo_key="d", spec="{}", mechanism="m", epsilon=1.0,
+                            stream_cap=10.0, make_body=boom, make_payload=lambda seq, b: ("t/x", b"{}"))
+        with pytest.raises(RuntimeError):
+            st.commit_reports([bad], total_cap=100.0, renewal_period_s=None, max_pending=10,
+                              round_record=("r3", "answered", ""), sent=[c1.seq, c2.seq])
+        assert st.round_seen("r3") is None and st.pending_count() == 2 and st.next_seq == 3
+        assert st.check_invariants()["ok"]
