@@ -537,8 +537,10 @@ class _DimRounding:
             except ValueError:
                 plan = self.epochs.current  # index behind a restored plan (clock/crash): keep the plan
         self.index += 1
-        if plan is None or before != plan.epoch:
+        if plan is not None and before != plan.epoch:  # a new epoch plan: persist it (with the reading index)
             self.dirty = True
+        # (while the first window fills there is no plan to keep: the reading index alone is not written each
+        # reading — after a restart the window refills anyway, and epochs count from the last index written)
         if plan is not None and bool(plan.volatile[0]):
             step = float(plan.steps[0])
             gi = int(self.rounder.grid_index([x], plan.steps)[0])  # type: ignore[union-attr]
