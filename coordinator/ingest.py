@@ -1,24 +1,30 @@
 """MQTT ingest: subscribe to device reports, validate, commit durably in batches, and only then acknowledge.
 
-paho-mqtt ≥ 2.1 (``CallbackAPIVersion.VERSION2``), MQTT v5, QoS 1, a persistent session (``clean_start=False``
-and a long session-expiry interval, so the broker queues reports while the coordinator is down) and
-``manual_ack=True``. Messages collect in a batch; the batch is validated (:meth:`coordinator.validate.Validator.
-check_batch`), committed in one transaction (:meth:`coordinator.store.Store.commit_batch`) and only then are the
-PUBACKs of the whole batch sent — accepted, duplicate and rejected alike. A batch that fills up (``batch_size``) is
-processed right in paho's network thread; a flusher thread processes a partial batch once its first message is
-``batch_ms`` old. Under load the network thread therefore does all the work with no hand-off between threads
-(measured: handing every message to a worker thread through a queue cost ≈ 30–40 µs of CPU per message in GIL
-switches — a third of the whole per-report cost), and while a batch commits the broker simply holds the next
-messages. Batches are processed one at a time, in arrival order. A crash before the commit loses nothing (the broker redelivers the unacknowledged
+paho-mqtt ≥ 2.1 (``CallbackAPIVersion.VERSION2``), QoS 1, a persistent session (so the broker queues reports
+while the coordinator is down) and ``manual_ack=True``. Messages collect in a batch; the batch is validated
+(:meth:`coordinator.validate.Validator.check_batch`), committed in one transaction
+(:meth:`coordinator.store.Store.commit_batch`) and only then are the PUBACKs of the whole batch sent — accepted,
+duplicate and rejected alike. A crash before the commit loses nothing (the broker redelivers the unacknowledged
 messages); a crash between commit and PUBACK makes the redelivered copies ``duplicate`` (acknowledged, not
-stored again). Several workers can split a fleet with an MQTT v5 shared subscription ``$share/<group>/...``
-(use a shared store, e.g. PostgreSQL).
+stored again).
 
-``protocol = "3.1.1"`` (brokers without MQTT 5, e.g. amqtt — or for throughput: paho's MQTT 3.1.1 receive path
-costs ≈ 54 µs per message against ≈ 75 µs for MQTT 5, whose per-packet property parsing is pure Python) keeps the
-same guarantees with ``clean_session=False``
-(the broker keeps the session until it is cleaned) and manual acks; ``"auto"`` tries MQTT 5 and falls back to
-3.1.1 for good when the broker refuses the protocol version or closes the connection before any CONNACK.
+Threads: a batch that is full (``batch_size``) or whose first message is ``batch_ms`` old when the next one
+arrives is processed right in paho's network thread; a flusher thread processes a batch that no further message
+came to close (at twice ``batch_ms``). Under load the network thread does all the work with no hand-off between
+threads (measured: handing every message to a worker thread through a queue cost ≈ 30–40 µs of CPU per message in
+GIL switches, a third of the whole per-report cost), and while a batch commits the broker holds the next
+messages. Batches are processed one at a time, in arrival order.
+
+Protocol: ``"5"`` (default) connects with ``clean_start=False`` and a 7-day session expiry; ``"3.1.1"`` with
+``clean_session=False`` (the broker keeps the session until it is cleaned); ``"auto"`` tries MQTT 5 and falls back
+to 3.1.1 for good when the broker refuses the protocol version or closes the connection before any CONNACK. The
+ingest guarantees are the same. MQTT 3.1.1 is the throughput setting: paho's receive path costs ≈ 54 µs per
+message with it against ≈ 75 µs with MQTT 5 (whose per-packet property parsing is pure Python; see
+``docs/bench.md``). MQTT 5 stays the default because the coordinator's *publishers* need it: only MQTT 5 PUBACKs
+carry the reason code that tells ``coordinator rounds open`` the broker's ACL refused a round.
+
+Several workers can split a fleet with a shared subscription ``$share/<group>/...`` (an MQTT 5 feature that
+mosquitto ≥ 1.6 also grants MQTT 3.1.1 clients; amqtt has none) over a shared store (e.g. PostgreSQL).
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ class IngestSettings:
     tls_cert: str | None = None  # client certificate (PEM), presented to the broker; with tls_key
     tls_key: str | None = None  # the client certificate's private key (PEM)
     tls: bool = False  # TLS with the system's CAs when no tls_ca is given
-    protocol: str = "5"  # "5", "3.1.1" or "auto"
+    protocol: str = "5"  # "5", "3.1.1" (cheaper per message; amqtt) or "auto"
 
     @property
     def use_tls(self) -> bool:
@@ -109,6 +115,7 @@ class IngestWorker:
         self.topic = subscription_topic(settings.shared_group)
         self._pending: list[_Msg] = []
         self._pending_since = 0.0  # monotonic time of the first message of the pending batch
+        self._batch_s = settings.batch_ms / 1000.0
         self._batch_lock = threading.Lock()  # the pending batch, and processing (one batch at a time, in order)
         self._generation = 0
         self._stop = threading.Event()
@@ -248,20 +255,22 @@ class IngestWorker:
             topic = ""
         item = _Msg(topic, msg.payload, msg.mid, msg.qos, self._generation)
         with self._batch_lock:
+            now = time.monotonic()
             if not self._pending:
-                self._pending_since = time.monotonic()
+                self._pending_since = now
             self._pending.append(item)
-            if len(self._pending) >= self.settings.batch_size:
+            if len(self._pending) >= self.settings.batch_size or now - self._pending_since >= self._batch_s:
                 self._flush_locked()
 
     # ------------------------------------------------------------------ flusher thread
     def _run(self) -> None:
-        """Process the pending batch once its first message is ``batch_ms`` old; on stop, process what is left."""
-        period = self.settings.batch_ms / 1000.0
+        """Process a pending batch that no further message came to flush: once its first message is twice
+        ``batch_ms`` old (under load the network thread flushes at ``batch_ms``, see :meth:`_on_message`, so the
+        work stays in one thread); on stop, process what is left."""
         while True:
-            stopping = self._stop.wait(period / 2)
+            stopping = self._stop.wait(self._batch_s / 2)
             with self._batch_lock:
-                if self._pending and (stopping or time.monotonic() - self._pending_since >= period):
+                if self._pending and (stopping or time.monotonic() - self._pending_since >= 2 * self._batch_s):
                     self._flush_locked()
             if stopping:
                 return

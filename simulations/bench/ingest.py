@@ -276,8 +276,8 @@ def run(quick: bool = False) -> str:
         raw_pub = _raw_mosquitto_pub(broker.port, payloads, work)
         raw_paho = _raw_paho(broker.port, _reports(mac_fleet, "raw-paho"))
         rows: list[tuple[str, float, str]] = []
-        for label, fleet, protocol, alg in (("ed-v5", ed_fleet, "5", "Ed25519"), ("mac-v5", mac_fleet, "5", "HMAC"),
-                                            ("mac-v311", mac_fleet, "3.1.1", "HMAC")):
+        for label, fleet, protocol, alg in (("ed-v5", ed_fleet, "5", "Ed25519"),
+                                            ("mac-v5", mac_fleet, "5", "HMAC"), ("mac-v311", mac_fleet, "3.1.1", "HMAC")):
             rate, cpu = _drain(broker.port, work, fleet, protocol, label)
             rows.append((f"coordinator drain, 1 process, {alg}, MQTT {protocol}", rate,
                          f"{1e6 * cpu / n:.0f} µs CPU per report"))

@@ -104,11 +104,11 @@ def test_in_process_ingest_and_round_publication(mosquitto, tmp_path):
         assert got == []
 
 
-def _start_coordinator(db: Path, key: Path, port: int, log: Path) -> subprocess.Popen:
+def _start_coordinator(db: Path, key: Path, port: int, log: Path, protocol: str = "3.1.1") -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--db", str(db), "--key", str(key),
-         "--mqtt-port", str(port), "--batch-size", "200", "--batch-ms", "10"],
+         "--mqtt-port", str(port), "--batch-size", "200", "--batch-ms", "10", "--mqtt-protocol", protocol],
         stdout=subprocess.PIPE, stderr=open(log, "ab"), env=env, cwd=ROOT,
     )
     line = proc.stdout.readline()
@@ -124,7 +124,8 @@ def _stored(db: Path) -> list[tuple[str, int]]:
         conn.close()
 
 
-def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tmp_path):
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tmp_path, protocol):
     db, key = tmp_path / "coord.db", tmp_path / "coord.key"
     fleet = SimFleet(700)
     store = SQLiteStore(db)
@@ -135,7 +136,7 @@ def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tm
     reports = signed_reports(fleet, "r1")
     published = {(json.loads(p)["device_id"], json.loads(p)["seq"]) for _, p in reports}
 
-    proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log")
+    proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log", protocol)
     pub = publisher(mosquitto.port)
     done = threading.Event()
 
@@ -156,7 +157,7 @@ def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tm
         assert killed_at < len(reports), "the kill must land mid-stream"
         thread.join(60)
         assert done.is_set()
-        proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log")
+        proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log", protocol)
         assert wait_until(lambda: len(_stored(db)) >= len(reports), 60)
         time.sleep(0.5)  # anything still redelivered must be recognised as a duplicate
         rows = _stored(db)
@@ -175,10 +176,11 @@ def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tm
             proc.wait(20)
 
 
-def test_broker_restart_mid_stream(mosquitto, tmp_path):
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+def test_broker_restart_mid_stream(mosquitto, tmp_path, protocol):
     fleet = SimFleet(150)
     reports = signed_reports(fleet, "r1")
-    cfg = CoordinatorConfig(db=str(tmp_path / "c.db"), mqtt_port=mosquitto.port, batch_ms=5)
+    cfg = CoordinatorConfig(db=str(tmp_path / "c.db"), mqtt_port=mosquitto.port, batch_ms=5, mqtt_protocol=protocol)
     with Coordinator(cfg) as coord:
         coord.import_devices(fleet.enrollment())
         coord.open_round("r1", 1.5, PARAMS)
