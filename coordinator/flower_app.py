@@ -14,11 +14,10 @@ The loop is the MQTT coordinator's, with Flower's Grid in place of the broker:
    answered or ``timeout`` seconds passed (stragglers are dropped from the round: their later replies are never
    pulled; TTL = timeout + margin so they expire at the SuperLink).
 4. Every report in a reply goes through :class:`coordinator.validate.Validator` (size, schema, topic/device binding,
-   enrolled, Ed25519 signature, round open, stream/mechanism, body, replay/duplicate) and each reply's accepted
-   reports are committed in one store transaction — the same code path as the MQTT ingest. The one batch step
-   (:class:`BatchValidator`): the body support check of a reply's rows (the mechanism's decoder-side check, e.g.
-   OLH's seed and hash-value ranges — for one row alone it costs a k-item loop) runs once on all rows of a stream
-   stacked, and :meth:`Validator.check` then finds each row's verdict in that result.
+   enrolled, signature — Ed25519 or HMAC-SHA256 as the device's registry entry says — round open, stream/mechanism,
+   body, replay/duplicate) and each reply's accepted reports are committed in one store transaction — the same code
+   path as the MQTT ingest: a reply is one :meth:`Validator.check_batch` (the body support checks of its rows run
+   once per stream on the stacked rows; verdicts identical to checking the messages one by one).
 5. The round is closed and estimated with :func:`coordinator.estimate.estimate_round` (unbiased estimates, confidence
    intervals from the mechanisms' variance formulas).
 
@@ -41,12 +40,9 @@ from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-import numpy as np
-
-from coordinator.decode import StreamDecoder
 from coordinator.estimate import StreamEstimate, estimate_round
 from coordinator.rounds import RoundManager
-from coordinator.schemas import StreamSpec, body_row, parse_round_params
+from coordinator.schemas import parse_round_params
 from coordinator.store import Store, StoredReport
 from coordinator.validate import DUPLICATE, Validator
 from protocols import wire
@@ -57,7 +53,6 @@ __all__ = [
     "RECORD_KEY",
     "FlowerSettings",
     "RoundSummary",
-    "BatchValidator",
     "FlowerCoordinator",
     "settings_from_run_config",
     "make_server_app",
@@ -155,152 +150,6 @@ class RoundSummary:
         }
 
 
-#: what decoding a malformed row may raise (as :mod:`coordinator.decode` catches)
-_ROW_ERRORS = (ValueError, TypeError, IndexError, KeyError, OverflowError)
-
-
-class _PrecheckedDecoder:
-    """A :class:`coordinator.decode.StreamDecoder` whose :meth:`check_row` first looks the row up among the rows a
-    batch check accepted (:meth:`precheck`): the support check is row-wise (``StreamDecoder.valid_mask`` relies on
-    the same), so a row accepted in a stacked check is accepted alone. Rows not found — malformed ones, rows a batch
-    rejected, rows never prechecked — go through the decoder's own :meth:`StreamDecoder.check_row` (its exact error).
-    """
-
-    __slots__ = ("inner", "valid")
-
-    def __init__(self, inner: StreamDecoder) -> None:
-        self.inner = inner
-        self.valid: set[bytes] = set()
-
-    @property
-    def spec(self) -> StreamSpec:
-        return self.inner.spec
-
-    def precheck(self, rows: Sequence[Any]) -> None:
-        """Check ``rows`` (JSON report rows) stacked: one vectorised check when all are valid (bisection else)."""
-        arrays = []
-        for row in rows:
-            try:
-                arrays.append(self.inner.row(row))
-            except _ROW_ERRORS:
-                continue  # rejected by check_row with its own message
-        if not arrays:
-            return
-        stacked = np.stack(arrays)
-        mask = self.inner.valid_mask(stacked)
-        self.valid.update(stacked[i].tobytes() for i in np.flatnonzero(mask))
-
-    def check_row(self, row: Any) -> None:
-        try:
-            key = self.inner.row(row).tobytes()
-        except _ROW_ERRORS:
-            key = None
-        if key is None or key not in self.valid:
-            self.inner.check_row(row)
-
-    def check_rows(self, rows: list[Any]) -> np.ndarray:
-        """Mask of the rows accepted: those a precheck accepted, the others by the decoder's own batch check (when
-        it has one) or row by row."""
-        mask = np.zeros(len(rows), dtype=bool)
-        rest: list[int] = []
-        for i, row in enumerate(rows):
-            try:
-                mask[i] = self.inner.row(row).tobytes() in self.valid
-            except _ROW_ERRORS:
-                pass
-            if not mask[i]:
-                rest.append(i)
-        if rest:
-            batch = getattr(self.inner, "check_rows", None)
-            if batch is not None:
-                mask[rest] = batch([rows[i] for i in rest])
-            else:
-                for i in rest:
-                    try:
-                        self.inner.check_row(rows[i])
-                        mask[i] = True
-                    except ValueError:
-                        pass
-        return mask
-
-
-class BatchValidator(Validator):
-    """:class:`coordinator.validate.Validator` with the body support checks of a batch done together.
-
-    :meth:`precheck` parses a batch's payloads in bulk (one ``json.loads``), groups the report rows by round and
-    stream and runs each stream decoder's check once on the stacked rows; :meth:`Validator.check` (unchanged: size,
-    schema, binding, enrolment, Ed25519 signature, round, stream, mechanism, body, replay) then answers each row's
-    support check from that result. Sound whatever the payloads hold: the cache only ever holds rows the
-    mechanism's own check accepted, and each message is still parsed and checked by :meth:`Validator.check`.
-    Call :meth:`clear_prechecks` after the batch.
-    """
-
-    def __init__(self, store: Store, **kwargs: Any) -> None:
-        self._prechecked: dict[tuple[str, str], _PrecheckedDecoder] = {}
-        super().__init__(store, **kwargs)
-
-    def _decoder(self, round_id: str, stream: str, spec: StreamSpec) -> Any:
-        inner = super()._decoder(round_id, stream, spec)
-        wrapped = self._prechecked.get((round_id, stream))
-        if wrapped is None or wrapped.inner is not inner:
-            wrapped = _PrecheckedDecoder(inner)
-            self._prechecked[(round_id, stream)] = wrapped
-        return wrapped
-
-    def precheck(self, payloads: Sequence[bytes]) -> None:
-        """Batch support checks of the report rows in ``payloads`` (anything unparsable is left to ``check``)."""
-        groups: dict[tuple[str, str], list[Any]] = {}
-        for data in _bulk_json(payloads):
-            if not isinstance(data, dict):
-                continue
-            rid, stream, body = data.get("round_id"), data.get("stream"), data.get("body")
-            if isinstance(rid, str) and isinstance(stream, str):
-                groups.setdefault((rid, stream), []).append(body)
-        with self._lock:
-            for (rid, stream), bodies in groups.items():
-                try:
-                    spec = self.round_params(rid).streams.get(stream)
-                except wire.WireError:
-                    continue
-                if spec is None:
-                    continue
-                try:
-                    dec = self._decoder(rid, stream, spec)
-                except ValueError:
-                    continue
-                rows = []
-                for body in bodies:
-                    try:
-                        rows.append(body_row(spec, body))
-                    except _ROW_ERRORS:
-                        continue
-                dec.precheck(rows)
-
-    def clear_prechecks(self) -> None:
-        with self._lock:
-            self._prechecked.clear()
-
-
-def _bulk_json(payloads: Sequence[bytes]) -> list[Any]:
-    """Every payload parsed, by one ``json.loads`` of the joined payloads when they all parse (else one by one,
-    skipping what does not parse)."""
-    if not payloads:
-        return []
-    try:
-        out = json.loads(b"[" + b",".join(bytes(p) for p in payloads) + b"]")
-        if isinstance(out, list) and len(out) == len(payloads):
-            return out
-    except (ValueError, RecursionError):
-        pass
-    parsed = []
-    for p in payloads:
-        try:
-            parsed.append(json.loads(p))
-        except (ValueError, RecursionError):
-            continue
-    return parsed
-
-
 class FlowerCoordinator:
     """Runs haarvest rounds over a Flower ``Grid`` against a coordinator store (see the module docstring)."""
 
@@ -308,7 +157,7 @@ class FlowerCoordinator:
                  validator: Validator | None = None) -> None:
         self.store = store
         self.settings = settings
-        self.validator = validator or BatchValidator(store)
+        self.validator = validator or Validator(store)
         self.rounds = RoundManager(store, key, publish=None, on_change=self.validator.set_round)
         self.summaries: list[RoundSummary] = []
 
@@ -453,26 +302,11 @@ class FlowerCoordinator:
         """Validate signed reports and commit the accepted ones in one transaction: (stored, rejected by reason)."""
         accepted: list[StoredReport] = []
         rejected: Counter[str] = Counter()
-        batch = isinstance(self.validator, BatchValidator)
-        check_batch = getattr(self.validator, "check_batch", None)
-        try:
-            if check_batch is not None:  # the Validator's own batch form: same verdicts, one support check per stream
-                for result in check_batch([(str(t), bytes(p)) for t, p in zip(topics, payloads)]):
-                    if isinstance(result, wire.WireError):
-                        rejected[result.reason] += 1
-                    else:
-                        accepted.append(result)
+        for result in self.validator.check_batch([(str(t), bytes(p)) for t, p in zip(topics, payloads)]):
+            if isinstance(result, wire.WireError):
+                rejected[result.reason] += 1
             else:
-                if batch:
-                    self.validator.precheck(payloads)
-                for topic, payload in zip(topics, payloads):
-                    try:
-                        accepted.append(self.validator.check(str(topic), bytes(payload)))
-                    except wire.WireError as exc:
-                        rejected[exc.reason] += 1
-        finally:
-            if batch:
-                self.validator.clear_prechecks()
+                accepted.append(result)
         try:
             inserted = self.store.commit_batch(accepted, dict(rejected))
         except Exception:

@@ -129,8 +129,9 @@ def _coordinator(fast_path, spec_factory, rounds=2, **kw):
     return spec, store, FlowerCoordinator(store, key, settings)
 
 
-def test_rounds_over_loopback_grid(fast_path):
-    spec, store, coord = _coordinator(fast_path, lambda k: _spec(fast_path, k, n=40, shard=10))
+@pytest.mark.parametrize("signature", ["ed25519", "hmac-sha256"])
+def test_rounds_over_loopback_grid(fast_path, signature):
+    spec, store, coord = _coordinator(fast_path, lambda k: _spec(fast_path, k, n=40, shard=10, signature=signature))
     grid = LoopbackGrid(make_client_app(SimHostFactory(spec)), {100 + p: {"partition-id": p} for p in range(4)})
     try:
         s1, s2 = coord.run(grid)
@@ -148,6 +149,9 @@ def test_rounds_over_loopback_grid(fast_path):
         # device ledgers: round 1 charged ε for each of 3 streams; round 2 only for new memo entries
         agent = OPEN_AGENTS.agents[str(device_config(spec, 0).state_dir)]
         assert agent.state.spent() <= 6.0 + 1e-9 and agent.state.check_invariants()["ok"]
+        # the devices' report keys: what the coordinator enrolled from the announcement checks their reports
+        assert agent.secrets.algorithm == signature
+        assert store.devices()[agent.config.device_id][0] == agent.secrets.public_key_b64
     finally:
         store.close()
 
@@ -193,12 +197,31 @@ def test_shard_reply_resends_pending_reports(fast_path):
     answer_round(agents[0], _round(key, "r0", params=params))
     answer = shard.answer(_round(key, "r1", params=params), t=1)
     assert len(answer.payloads) == 3 + 3 + 3 and answer.counters["status.answered"] == 2
-    assert all(a.state.pending_count() == 0 for a in agents)
     ids = {wire.decode_report(p).device_id for p in answer.payloads}
     assert ids == {a.config.device_id for a in agents}
     rounds = sorted({wire.decode_report(p).round_id for p in answer.payloads})
     assert rounds == ["r0", "r1"]
     assert dataclasses.is_dataclass(answer) and np.all([isinstance(p, bytes) for p in answer.payloads])
+    # the replied rows are marked sent in each device's next transaction (one commit per device round)
+    assert [a.sent_unmarked for a in agents] == [6, 3] and [a.state.pending_count() for a in agents] == [6, 3]
+    answer2 = shard.answer(_round(key, "r2", params=params), t=2)
+    assert len(answer2.payloads) == 6 and {wire.decode_report(p).round_id for p in answer2.payloads} == {"r2"}
+    assert [a.state.pending_count() for a in agents] == [3, 3]
+    # a crash before the marks were written: the next reply carries those reports again (the coordinator drops
+    # the copies as duplicates); no report is lost and none is charged twice
+    lost = agents[1]
+    spent = lost.state.spent()
+    OPEN_AGENTS.agents.pop(str(lost.config.state_dir))
+    lost.state.close()  # the process died: the in-memory marks are gone
+    answer3 = shard.answer(_round(key, "r3", params=params), t=3)
+    again = [wire.decode_report(p) for p in answer3.payloads if wire.decode_report(p).device_id == lost.config.device_id]
+    assert sorted(r.round_id for r in again) == ["r2"] * 3 + ["r3"] * 3
+    reborn = OPEN_AGENTS.get(shard.devices[1])
+    assert reborn is not lost and reborn.boot == 2 and reborn.state.check_invariants()["ok"]
+    assert reborn.state.spent() >= spent  # r3 may charge (new readings); nothing was refunded or charged twice
+    for a in (agents[0], reborn):  # close writes the last marks
+        a.flush_sent()
+        assert a.state.pending_count() == 0 and a.sent_unmarked == 0
 
 
 def test_shard_verifies_a_round_once_and_every_device_answers(fast_path):
@@ -242,7 +265,7 @@ def test_agents_beyond_capacity_are_suspended_not_rebooted(fast_path):
         for spec_ in shard.devices:
             agent = OPEN_AGENTS.get(spec_)
             assert agent.state.boot == 1 and agent.boot == 1  # a reattachment is not a reboot
-            assert agent.state.check_invariants()["ok"] and agent.state.pending_count() == 0
+            assert agent.state.check_invariants()["ok"] and agent.state.pending_count() == agent.sent_unmarked == 3
             assert agent.state.round_seen("r2") == "answered"
             OPEN_AGENTS.release(agent)
     finally:

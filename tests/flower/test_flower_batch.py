@@ -1,7 +1,7 @@
-"""The coordinator's batched body checks (:class:`coordinator.flower_app.BatchValidator`) give exactly the verdicts of
-the plain :class:`coordinator.validate.Validator`, message by message: valid rows accepted; rows outside the
-mechanism's support (validly signed by an enrolled device) rejected as ``bad_body``; tampered, replayed and duplicate
-messages rejected as before. No Ray, no Flower transport."""
+"""The Flower coordinator validates a reply as one batch (:meth:`coordinator.validate.Validator.check_batch`) and gets
+exactly the verdicts of checking its messages one by one: valid rows accepted; rows outside the mechanism's support
+(validly signed by an enrolled device) rejected as ``bad_body``; tampered, replayed and duplicate messages rejected as
+before — for Ed25519 and HMAC-SHA256 report keys. No Ray, no Flower transport."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from collections import Counter
 
 import pytest
 
-from coordinator.flower_app import BatchValidator, FlowerCoordinator, FlowerSettings
-from coordinator.rounds import RoundManager
+from coordinator.flower_app import FlowerCoordinator, FlowerSettings
 from coordinator.store import open_store
 from coordinator.validate import Validator
 from edge_agent.agent import Agent
@@ -29,15 +28,15 @@ def _resigned(agent: Agent, payload: bytes, **changes) -> bytes:
     return wire.sign_report(report, wire.report_topic(agent.config.device_id), agent.secrets.signing_key).to_bytes()
 
 
-@pytest.fixture
-def fleet(fast_path):
+@pytest.fixture(params=["ed25519", "hmac-sha256"])
+def fleet(fast_path, request):
     """(coordinator key, spec, the signed round, agents, messages of round r1: valid ones and crafted ones)."""
     key = wire.generate_signing_key()
     spec = SimFleetSpec(run_id="b", n_devices=N, shard_size=N, state_root=str(fast_path / "dev"),
                         coordinator_public_key=wire.public_key_b64(key))
     rc = wire.sign_round(wire.RoundConfig(round_id="r1", protocol="flower", epsilon=spec.max_round_epsilon,
                                           params=round_params(spec)), key)
-    agents = [Agent(device_config(spec, i), secrets=new_identity(), transport=False,
+    agents = [Agent(device_config(spec, i), secrets=new_identity(request.param), transport=False,
                     source=IterableSource([{"age": i % 16, "edu": (3 * i) % 16, "syn": (7 * i) % 360}] * 2)).open()
               for i in range(N)]
     try:
@@ -68,17 +67,18 @@ def fleet(fast_path):
             a.close()
 
 
-def _verdicts(fast_path, name, cls, key, rc, agents, msgs) -> list[str]:
+def _verdicts(fast_path, name, key, rc, agents, msgs, batch: bool) -> list[str]:
     store = open_store(fast_path / f"{name}.sqlite3")
     try:
-        validator = cls(store)
+        validator = Validator(store)
         for a in agents:
             store.upsert_device(a.config.device_id, a.secrets.public_key_b64)
         validator.refresh_devices()
         store.put_round(rc.round_id, rc.model_dump_json())
         validator.set_round(rc, "open")
-        if isinstance(validator, BatchValidator):
-            validator.precheck([p for _, p in msgs])
+        if batch:
+            return ["accepted" if not isinstance(r, wire.WireError) else r.reason
+                    for r in validator.check_batch(msgs)]
         out = []
         for topic, payload in msgs:
             try:
@@ -91,10 +91,10 @@ def _verdicts(fast_path, name, cls, key, rc, agents, msgs) -> list[str]:
         store.close()
 
 
-def test_batch_validator_gives_the_plain_validators_verdicts(fast_path, fleet):
+def test_batch_verdicts_are_the_message_by_message_verdicts(fast_path, fleet):
     key, spec, rc, agents, msgs = fleet
-    plain = _verdicts(fast_path, "plain", Validator, key, rc, agents, msgs)
-    batch = _verdicts(fast_path, "batch", BatchValidator, key, rc, agents, msgs)
+    plain = _verdicts(fast_path, "plain", key, rc, agents, msgs, batch=False)
+    batch = _verdicts(fast_path, "batch", key, rc, agents, msgs, batch=True)
     assert batch == plain
     counts = Counter(plain)
     assert counts == {"accepted": 3 * N, "bad_body": 4, "bad_signature": 1, "duplicate": 1, "malformed": 1}
@@ -106,7 +106,6 @@ def test_flower_coordinator_ingest_batches_and_counts(fast_path, fleet):
     try:
         settings = FlowerSettings(base_params=round_params(spec), epsilon=spec.max_round_epsilon)
         coord = FlowerCoordinator(store, key, settings)
-        assert isinstance(coord.validator, BatchValidator)
         for a in agents:
             store.upsert_device(a.config.device_id, a.secrets.public_key_b64)
         coord.validator.refresh_devices()
@@ -118,7 +117,6 @@ def test_flower_coordinator_ingest_batches_and_counts(fast_path, fleet):
         acc2, rej2 = coord.ingest([t for t, _ in msgs[half:]], [p for _, p in msgs[half:]])
         assert acc1 + acc2 == 3 * N
         assert rej1 + rej2 == Counter({"bad_body": 4, "bad_signature": 1, "duplicate": 1, "malformed": 1})
-        assert not coord.validator._prechecked  # cleared after every batch
         # a replayed reply (every message again) is all duplicates or rejections, nothing stored twice
         acc3, rej3 = coord.ingest([t for t, _ in msgs], [p for _, p in msgs])
         assert acc3 == 0 and rej3["duplicate"] == 3 * N + 1
