@@ -221,7 +221,7 @@ class Validator:
                 out[i] = StoredReport(
                     device_id=report.device_id, seq=report.seq, boot=report.boot, round_id=report.round_id,
                     stream=report.stream, mechanism=report.mechanism,
-                    body=wire.canonical_json(report.body).decode(), sig=report.sig, received_at=t,
+                    body=wire.canonical_json_text(report.body), sig=report.sig, received_at=t,
                 )
         return out
 
