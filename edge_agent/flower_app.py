@@ -27,9 +27,10 @@ Messages (``flwr.app.Message``, category ``query``):
                     enrolment of the node's devices (public keys only; the coordinator decides whether to trust it).
 
 Delivery over Flower is at-most-once per reply: reports put in a reply are marked ``sent`` in the outbox (a reply
-lost in transit costs ε but never leaks anything) — in the device's next write transaction, the next round's
-(:meth:`Agent.mark_sent_later`), so a device round costs ONE SQLite commit; reports left ``pending`` by a crash are
-sent with the next reply (the coordinator drops exact copies as duplicates).
+lost in transit costs ε but never leaks anything) — right after the reply is built, or, on a host that keeps its
+agents across rounds (``DeviceShard(defer_sent=True)``: simulations), in the device's next round transaction
+(:meth:`Agent.mark_sent_later`), so that a device round costs ONE SQLite commit; reports left ``pending`` by a crash
+are sent with the next reply (the coordinator drops exact copies as duplicates).
 
 Which devices a node hosts: a *host factory* installed with :func:`make_client_app` (simulations), else the node
 config key ``agent-config`` (one or more agent TOML paths separated by ``,``; ``flower-supernode --node-config
@@ -353,10 +354,15 @@ class DeviceShard:
     """The devices one SuperNode hosts. Agents stay open across rounds (process-wide, :data:`OPEN_AGENTS`).
 
     ``before_round(t)`` is called with the message's simulated time step (simulations move their sources' clock).
+    ``defer_sent``: the reports a reply carries are marked ``sent`` in each device's next round transaction
+    (:meth:`Agent.mark_sent_later`: one commit per device round) instead of one transaction of their own right after
+    the reply is built. Only for a host whose process keeps its agents across rounds (a simulation's shard host): the
+    marks live in memory until then, and a process that ends first leaves those reports ``pending``, to be sent
+    again with the next reply (the coordinator drops the copies as duplicates; nothing is charged twice).
     """
 
     def __init__(self, devices: Sequence[DeviceSpec], before_round: Callable[[int], None] | None = None,
-                 max_reports_per_device: int = 1000) -> None:
+                 max_reports_per_device: int = 1000, defer_sent: bool = False) -> None:
         if not devices:
             raise ValueError("a shard needs at least one device")
         ids = [d.config.device_id for d in devices]
@@ -365,6 +371,7 @@ class DeviceShard:
         self.devices = list(devices)
         self.before_round = before_round
         self.max_reports_per_device = int(max_reports_per_device)
+        self.defer_sent = bool(defer_sent)
 
     def agents(self) -> list[Agent]:
         """Every hosted device's open agent (kept open beyond the descriptor budget: small shards and tests)."""
@@ -409,7 +416,11 @@ class DeviceShard:
                 for _, topic, payload in rows:
                     out.topics.append(topic)
                     out.payloads.append(payload)
-                agent.mark_sent_later([seq for seq, _, _ in rows])  # marked sent in the device's next transaction
+                if self.defer_sent:
+                    agent.mark_sent_later([seq for seq, _, _ in rows])  # in the device's next transaction
+                else:
+                    assert agent.state is not None
+                    agent.state.mark_sent([seq for seq, _, _ in rows])
             OPEN_AGENTS.release(agent)
         out.counters["devices"] = len(self.devices)
         return out

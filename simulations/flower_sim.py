@@ -258,7 +258,8 @@ class SimHostFactory:
             devices = [DeviceSpec(device_config(spec, i), source=lambda i=i: CallableSource(_Reading(spec, i)),
                                   create_identity=True, signature=spec.signature)
                        for i in spec.shard_devices(partition)]
-            shard = DeviceShard(devices, before_round=set_clock)
+            # a shard host keeps its agents for the whole run: a reply's sent marks go into the next round's commit
+            shard = DeviceShard(devices, before_round=set_clock, defer_sent=True)
             _SHARDS[key] = shard
         return shard
 

@@ -224,6 +224,18 @@ def test_shard_reply_resends_pending_reports(fast_path):
         assert a.state.pending_count() == 0 and a.sent_unmarked == 0
 
 
+def test_shard_without_deferral_marks_replied_reports_sent_at_once(fast_path):
+    key = wire.generate_signing_key()
+    spec = _spec(fast_path, key, n=2, shard=2)
+    shard = DeviceShard([DeviceSpec(device_config(spec, i), create_identity=True,
+                                    source=lambda: IterableSource([{"age": 5, "edu": 3, "syn": 100}] * 5))
+                         for i in range(2)])
+    agents = shard.agents()
+    answer = shard.answer(_round(key, "r1", params=round_params(spec)))
+    assert len(answer.payloads) == 6
+    assert all(a.state.pending_count() == 0 and a.sent_unmarked == 0 for a in agents)
+
+
 def test_shard_verifies_a_round_once_and_every_device_answers(fast_path):
     key = wire.generate_signing_key()
     spec = _spec(fast_path, key, n=6, shard=6)
