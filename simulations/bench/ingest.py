@@ -32,6 +32,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from coordinator.rounds import RoundManager
+from coordinator.schemas import parse_round_params
 from coordinator.service import Coordinator, CoordinatorConfig
 from coordinator.simfleet import SimFleet
 from coordinator.store import SQLiteStore
@@ -78,7 +79,8 @@ def _params() -> dict:
 
 
 def _reports(fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
-    body = {"report": -2.0408}  # a Duchi report, ε = 0.25 (the value does not matter to ingest)
+    spec = parse_round_params(_params()).streams[STREAMS[0]]
+    body = {"report": -float(spec.build().bound)}  # a Duchi report at ε = 0.25 (−B), full double precision
     return [dev.report(round_id, s, "duchi", body) for s in STREAMS for dev in fleet.devices]
 
 
@@ -267,8 +269,8 @@ def run(quick: bool = False) -> str:
     work = Path(tempfile.mkdtemp(prefix="haarvest-bench-ingest-"))
     broker = _Broker(work / "broker")
     try:
-        ed_fleet = SimFleet(n_devices, "ed")
-        mac_fleet = SimFleet(n_devices, "mac", signature="hmac-sha256")
+        ed_fleet = SimFleet(n_devices, "device-ed")
+        mac_fleet = SimFleet(n_devices, "device-mac", signature="hmac-sha256")
         sizes = {alg: sum(len(p) for _, p in reps) / len(reps)
                  for alg, reps in (("Ed25519", _reports(ed_fleet, "size")), ("HMAC", _reports(mac_fleet, "size")))}
         payloads = [p for _, p in _reports(mac_fleet, "raw")]
