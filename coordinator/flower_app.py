@@ -77,7 +77,8 @@ class FlowerSettings:
     maximum). ``timeout`` cuts stragglers off; ``min_nodes``/``node_wait``: wait up to ``node_wait`` seconds for
     that many nodes before round 1. ``send_time``: put the round index in each request as the simulated time step
     (simulations only). ``planner`` is passed to :func:`coordinator.rounds.plan_round` (``k_base``, ``eta``, ``z``,
-    ``max_candidates``).
+    ``max_candidates``). Replies are polled every ``pull_interval`` seconds after a reply arrived, backing off
+    (doubling) up to ``pull_max_interval`` while none does.
     """
 
     base_params: dict[str, Any]
@@ -92,6 +93,7 @@ class FlowerSettings:
     send_time: bool = False
     stream_replies: bool = True
     pull_interval: float = 0.02
+    pull_max_interval: float = 0.1
     planner: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -99,6 +101,8 @@ class FlowerSettings:
             raise ValueError("rounds must be >= 1")
         if not (self.epsilon > 0 and self.timeout > 0 and self.node_wait >= 0 and self.min_nodes >= 1):
             raise ValueError("need epsilon > 0, timeout > 0, node_wait >= 0 and min_nodes >= 1")
+        if not (self.pull_interval > 0 and self.pull_max_interval > 0):
+            raise ValueError("pull_interval and pull_max_interval must be > 0")
         if self.enroll not in ("registry", "announce"):
             raise ValueError("enroll must be 'registry' or 'announce'")
         if not 0 < self.level < 1:
@@ -266,13 +270,17 @@ class FlowerCoordinator:
             return
         waiting = set(grid.push_messages(messages))
         deadline = time.monotonic() + timeout
+        pause = self.settings.pull_interval
         while waiting and time.monotonic() < deadline:
             replies = list(grid.pull_messages(list(waiting)))
             for reply in replies:
                 waiting.discard(reply.metadata.reply_to_message_id)
                 yield reply
-            if not replies:
-                time.sleep(self.settings.pull_interval)
+            if replies:
+                pause = self.settings.pull_interval
+            else:  # back off while nothing arrives: a poll asks about every waiting message (costly for many nodes)
+                time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+                pause = min(2 * pause, max(self.settings.pull_interval, self.settings.pull_max_interval))
         if waiting:
             log.warning("%d nodes did not answer within %.1f s (stragglers dropped)", len(waiting), timeout)
 
