@@ -39,7 +39,7 @@ class SimDevice:
         self.seq += 1
         rep = wire.Report(device_id=self.device_id, boot=self.boot, seq=self.seq, round_id=round_id,
                           stream=stream, mechanism=mechanism, body=body)
-        out = (self.topic, wire.sign_report(rep, self.topic, self.key).to_bytes())
+        out = (self.topic, wire.signed_report_bytes(rep, self.topic, self.key))
         return out
 
 

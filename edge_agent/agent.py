@@ -228,7 +228,7 @@ class Agent:
                 mechanism=prepared.mechanism,
                 body=body,
             )
-            payload = wire.sign_report(report, topic, self.secrets.signing_key).to_bytes()
+            payload = wire.signed_report_bytes(report, topic, self.secrets.signing_key)
             if len(payload) > wire.MAX_PAYLOAD:
                 raise Refused("too_large", f"{len(payload)} bytes > {wire.MAX_PAYLOAD}")
             return topic, payload

@@ -121,3 +121,21 @@ def test_rounds_are_only_ed25519():
         wire.sign_round(cfg, mac)
     with pytest.raises(TypeError):
         wire.verify_round(wire.sign_round(cfg, wire.generate_signing_key()), mac)
+
+
+@pytest.mark.parametrize("algorithm", wire.SIGNATURE_ALGORITHMS)
+@pytest.mark.parametrize("body", [
+    {"y": [0.5]},
+    {"report": -2.163953413738653},
+    {"report": [1326584390301200278, 3]},
+    {"stream": "x", "sig": "y", "v": [1, {"b": 2, "a": None}], "é": "ünïcode", "z": True},
+    {},
+])
+def test_one_pass_encoding_equals_sign_then_serialize(algorithm, body):
+    key = wire.generate_device_key(algorithm)
+    topic = wire.report_topic("dev-1")
+    report = _report(body=body)
+    payload = wire.signed_report_bytes(report, topic, key)
+    assert payload == wire.sign_report(report, topic, key).to_bytes()
+    verify = key.public_key() if algorithm == "ed25519" else key
+    wire.verify_report(wire.decode_report(payload), topic, verify)
