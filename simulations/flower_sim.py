@@ -498,7 +498,7 @@ def run_flower_simulation(
     host ``p mod workers``; ``forwarders`` Flower actors (default 2 per worker) run the ClientApp and forward each
     node's messages to its host (several in flight, so every host always has a node's round queued); the ServerApp
     (coordinator) runs in this process. ``max_open``: device databases each host keeps open (default:
-    :func:`default_max_open`, all of them while they fit a quarter of the available memory; the descriptor limit is
+    :func:`default_max_open`, all of them while they fit half the available memory; the descriptor limit is
     raised where permitted); the others are closed after each round and reattached for the next.
     """
     if devices < 1 or rounds < 1:

@@ -1,4 +1,7 @@
-"""Run every benchmark section and print the combined Markdown report (also written to docs/bench.md)."""
+"""Run every benchmark section and print the combined Markdown report (also written to docs/bench.md).
+
+With ``--only``, an existing report keeps its other sections: each section run replaces the section of the same
+``## `` heading (or is appended), so ``make bench BENCH_ARGS="--only ingest"`` refreshes one table in place."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import argparse
 import importlib
 import pkgutil
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -36,9 +40,29 @@ def main(argv: list[str] | None = None) -> int:
         section = module.run(quick=args.quick)
         print(section, flush=True)
         parts.append(section)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(parts) + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(parts) + "\n"
+    if args.only and out.exists():
+        text = merge_sections(out.read_text(), text)
+    out.write_text(text)
     return 0
+
+
+def _split(text: str) -> tuple[str, list[str]]:
+    """(preamble, sections): a section runs from its ``## `` heading to the next one."""
+    head, *sections = re.split(r"(?m)^(?=## )", text)
+    return head, sections
+
+
+def merge_sections(old: str, new: str) -> str:
+    """``old`` with every section of ``new`` in place of the one with the same heading (unknown ones appended); the
+    preamble stays ``old``'s (it dates the full run)."""
+    _, fresh = _split(new)
+    head, kept = _split(old)
+    by_title = {s.split("\n", 1)[0]: s for s in fresh}
+    merged = [by_title.pop(s.split("\n", 1)[0], s) for s in kept] + list(by_title.values())
+    return head + "".join(s if s.endswith("\n\n") else s.rstrip("\n") + "\n\n" for s in merged).rstrip("\n") + "\n"
 
 
 if __name__ == "__main__":
