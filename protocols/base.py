@@ -77,12 +77,12 @@ def check_int(value: Any, name: str, minimum: int = 1, maximum: int | None = Non
 def check_unit_interval(values: Any, name: str = "values") -> np.ndarray:
     """Inputs of numeric mechanisms: finite floats in [-1, 1] (normalise before privatizing)."""
     arr = np.asarray(values, dtype=float)
-    if arr.size and not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite; got NaN or infinity")
-    if arr.size and (arr.min() < -1.0 or arr.max() > 1.0):
-        raise ValueError(
-            f"{name} must lie in [-1, 1] (normalise first); got range [{arr.min():.6g}, {arr.max():.6g}]"
-        )
+    if arr.size:
+        lo, hi = arr.min(), arr.max()
+        if not (lo >= -1.0 and hi <= 1.0):  # also true for NaN (every comparison with NaN is false)
+            if not np.isfinite(arr).all():
+                raise ValueError(f"{name} must be finite; got NaN or infinity")
+            raise ValueError(f"{name} must lie in [-1, 1] (normalise first); got range [{lo:.6g}, {hi:.6g}]")
     return arr
 
 

@@ -59,7 +59,7 @@ def _bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def _finite(x: Any, name: str) -> np.ndarray:
     arr = np.asarray(x, dtype=float)
-    if arr.size and not np.all(np.isfinite(arr)):
+    if arr.size and not np.isfinite(arr).all():
         raise ValueError(f"{name} must be finite; got NaN or infinity")
     return arr
 
@@ -74,11 +74,16 @@ def volatility_score(window: Any, lo: Any, hi: Any) -> np.ndarray:
     w = _finite(window, "window")
     if w.ndim == 0:
         raise ValueError("window must have at least one axis (time along axis 0)")
+    return _score(w, lo_arr, hi_arr)
+
+
+def _score(w: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """:func:`volatility_score` of a checked window and bounds."""
     if w.shape[0] < 2:
-        return np.zeros(np.broadcast_shapes(w.shape[1:], lo_arr.shape, hi_arr.shape))
-    w = np.clip(w, lo_arr, hi_arr)
+        return np.zeros(np.broadcast_shapes(w.shape[1:], lo.shape, hi.shape))
+    w = np.clip(w, lo, hi)
     steps = np.abs(np.diff(w, axis=0)).sum(axis=0)
-    return steps / ((w.shape[0] - 1) * (hi_arr - lo_arr))
+    return steps / ((w.shape[0] - 1) * (hi - lo))
 
 
 class VolatilityDetector:
@@ -115,7 +120,7 @@ class VolatilityDetector:
         self._buffer[self._next] = arr
         self._next = (self._next + 1) % (self.window + 1)
         self._count = min(self._count + 1, self.window + 1)
-        self._scores = volatility_score(self.values(), self.lo, self.hi)
+        self._scores = _score(self.values(), self.lo, self.hi)  # bounds checked once, in __init__
         return self.volatile
 
     def values(self) -> np.ndarray:

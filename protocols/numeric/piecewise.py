@@ -119,8 +119,11 @@ class Hybrid(NumericMechanism):
         flat = t.reshape(-1)
         use_pm = rng.random(flat.shape) < self.alpha
         out = np.empty(flat.shape, dtype=float)
-        out[use_pm] = self.piecewise.privatize(flat[use_pm], rng)
-        out[~use_pm] = self.duchi.privatize(flat[~use_pm], rng)
+        n_pm = int(np.count_nonzero(use_pm))
+        if n_pm:  # an empty part draws nothing: skipping it changes no random stream (one user: one part)
+            out[use_pm] = self.piecewise.privatize(flat[use_pm], rng)
+        if n_pm < flat.size:
+            out[~use_pm] = self.duchi.privatize(flat[~use_pm], rng)
         return out.reshape(t.shape)
 
     def debias(self, reports: np.ndarray) -> np.ndarray:

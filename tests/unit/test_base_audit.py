@@ -40,8 +40,12 @@ def test_parameter_checks():
         check_int(2.5, "k")
     with pytest.raises(ValueError, match=r"\[-1, 1\]"):
         check_unit_interval([0.0, 1.5])
-    with pytest.raises(ValueError, match="finite"):
-        check_unit_interval([np.nan])
+    for bad in ([np.nan], [0.5, np.nan], [np.inf], [-np.inf, 0.0], [np.nan, 2.0]):
+        with pytest.raises(ValueError, match="finite"):
+            check_unit_interval(bad)
+    with pytest.raises(ValueError, match=r"got range \[-1.5, 0.5\]"):
+        check_unit_interval([-1.5, 0.5])
+    assert check_unit_interval([]).size == 0 and check_unit_interval([-1.0, 1.0]).tolist() == [-1.0, 1.0]
     with pytest.raises(ValueError, match=r"\[0, 4\)"):
         check_categories([0, 4], 4)
     with pytest.raises(ValueError, match="integer"):

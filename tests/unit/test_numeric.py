@@ -362,3 +362,21 @@ def test_gaussian_exact_delta_matches_direct_integration():
     y = np.linspace(-200, 300, 2_000_001)  # the loss exceeds ε only for y > εσ²/2 ≈ 57
     gap = np.maximum(0.0, g.pdf(1.0, y) - math.exp(eps) * g.pdf(-1.0, y))
     assert np.trapezoid(gap, y) == pytest.approx(gaussian_exact_delta(eps, g.sigma), rel=1e-4)
+
+
+def test_hybrid_one_draw_stream_for_one_or_many_users():
+    """Hybrid privatizes a PM part and a Duchi part; an empty part is skipped. Same seed, same draws: a batch's
+    outputs equal the reference (both parts always called) for any mix, including all-PM and all-Duchi batches."""
+    from protocols.numeric.piecewise import Hybrid
+
+    mech = Hybrid(2.0)
+    for n in (1, 2, 7, 500):
+        t = np.linspace(-1, 1, n)
+        for seed in range(5):
+            got = mech.privatize(t, np.random.default_rng(seed))
+            rng = np.random.default_rng(seed)
+            use_pm = rng.random(n) < mech.alpha
+            want = np.empty(n)
+            want[use_pm] = mech.piecewise.privatize(t[use_pm], rng)
+            want[~use_pm] = mech.duchi.privatize(t[~use_pm], rng)
+            assert np.array_equal(got, want)
