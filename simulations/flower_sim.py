@@ -30,10 +30,10 @@ agents commit every report with ``synchronous=FULL``). A host keeps as many devi
 available memory (:func:`default_max_open`) and reattaches the others' databases for each round.
 
 **Cost model** (2 cores, measured in the shard hosts of a 10,000-device run; the rounds are CPU-bound): a device
-round costs ~1.1 ms of CPU in the agent in the steady state (~1.9 ms when every stream charges: three
-privatizations, ledger and memo rows), one SQLite commit; plus, on the coordinator, ~0.2 ms with HMAC-SHA256 report
-keys (``signature="hmac-sha256"``) or ~0.65 ms with Ed25519 (three verifications of ~120 µs); a round takes at least
-their sum times the devices over the cores.
+round costs ~0.75 ms of CPU in the agent in the steady state (~1.25 ms when every stream charges: three
+privatizations, ledger and memo rows, and each database's first compilation of its SQL statements), one SQLite
+commit; plus, on the coordinator, ~0.12 ms with HMAC-SHA256 report keys (``signature="hmac-sha256"``) or ~0.45 ms
+with Ed25519 (three verifications of ~120 µs); a round takes at least their sum times the devices over the cores.
 """
 
 from __future__ import annotations
