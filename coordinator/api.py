@@ -2,7 +2,8 @@
 
 Routes (GET):
 
-* ``/healthz`` — ``{"status": "ok", "mqtt_connected": …}``;
+* ``/healthz`` — ``{"status": "ok" | "stalled", "mqtt_connected": …, "stalled_since": …}`` (``stalled``, with HTTP
+  503: a batch of reports keeps failing to commit — ingest is waiting for the store, nothing is acknowledged);
 * ``/api/rounds`` — every round (status, ε, streams, the signed configuration); ``/api/rounds/<id>`` — one;
 * ``/api/estimates/<round>`` — estimates with confidence intervals per stream (query: ``level``, ``variance``
   = plugin|worst, ``consistency`` = 0|1);
@@ -94,8 +95,11 @@ class _Handler(BaseHTTPRequestHandler):
         coord = self.api.coordinator
         try:
             if parts == ["healthz"]:
-                connected = coord.ingest.metrics.connected if coord.ingest else None
-                self._json({"status": "ok", "mqtt_connected": connected})
+                metrics = coord.ingest.metrics if coord.ingest else None
+                stalled = metrics.stalled_since if metrics else None
+                self._json({"status": "ok" if stalled is None else "stalled",
+                            "mqtt_connected": metrics.connected if metrics else None, "stalled_since": stalled},
+                           status=200 if stalled is None else 503)
             elif parts == ["api", "rounds"]:
                 self._json(coord.rounds.list())
             elif len(parts) == 3 and parts[:2] == ["api", "rounds"]:

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds the broker keeps the session (subscription + queued QoS 1 reports) after a disconnect.
 SESSION_EXPIRY = 7 * 24 * 3600
+#: Back-off between attempts at a batch that failed (the store unavailable): first wait, and the cap.
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 10.0
 
 
 def subscription_topic(shared_group: str | None = None) -> str:
@@ -230,7 +232,8 @@ class IngestWorker:
             log.warning("MQTT connect refused: %s", reason_code)
             return
         self._connacked = True
-        self._generation += 1
+        with self._batch_lock:  # a batch being acknowledged finishes on the old connection's generation first
+            self._generation += 1
         self.metrics.connected = True
         if self.protocol == mqtt.MQTTv5:
             client.subscribe(self.topic, options=SubscribeOptions(qos=1))
@@ -280,17 +283,44 @@ class IngestWorker:
         self._process(batch)
 
     def _process(self, batch: list[_Msg]) -> None:
+        """Validate, commit and acknowledge ``batch`` — retried until it commits (or the worker stops).
+
+        A batch is never dropped: MQTT redelivers an unacknowledged message only when the session reconnects, so a
+        dropped batch would stay unacknowledged in the broker's in-flight window (which then fills: delivery stops)
+        while later reports of the same devices commit and raise their high-water marks past it — the redelivered
+        copies would be rejected as replays. So while the store fails (a full disk, a PostgreSQL outage), the
+        batch is retried with back-off under the batch lock: nothing later is processed or acknowledged, the
+        broker holds the rest, ``/healthz`` says ``stalled``. Each retry starts from the store's state
+        (:meth:`Validator.reload`). On :meth:`stop` a failing batch is abandoned unacknowledged: the persistent
+        session redelivers it to the next run."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                self._process_once(batch)
+                return
+            except Exception:  # noqa: BLE001 - logged; the batch is retried, never lost
+                log.exception("ingest of a batch of %d messages failed; nothing of it is acknowledged, retrying",
+                              len(batch))
+                self.metrics.record_failure()
+            while True:  # the next attempt starts from the store's state: the failed one's reservations are void
+                if self._stop.wait(delay):
+                    log.warning("stopping with a batch of %d uncommitted messages: not acknowledged, the broker "
+                                "redelivers them", len(batch))
+                    return
+                delay = min(2 * delay, RETRY_MAX_S)
+                try:
+                    self.validator.reload()
+                    break
+                except Exception:  # noqa: BLE001 - the store is still down
+                    log.warning("validator reload failed (store unavailable?); retrying in %.1f s", delay)
+                    self.metrics.record_failure()
+
+    def _process_once(self, batch: list[_Msg]) -> None:
         t0 = time.perf_counter()
         accepted: list[StoredReport] = []
         rejected: Counter[str] = Counter()
         duplicates = 0
-        try:
-            results = self.validator.check_batch([(msg.topic, msg.payload) for msg in batch])
-        except Exception:  # noqa: BLE001 - a bug must not stop ingest: nothing acknowledged, the broker redelivers
-            log.exception("unexpected error validating a batch")
-            self.validator.reload()
-            time.sleep(0.5)
-            return
+        results = self.validator.check_batch([(msg.topic, msg.payload) for msg in batch])
         for result in results:
             if not isinstance(result, wire.WireError):
                 accepted.append(result)
@@ -301,13 +331,7 @@ class IngestWorker:
         counters = dict(rejected)
         if duplicates:
             counters[DUPLICATE] = duplicates
-        try:
-            inserted = self.store.commit_batch(accepted, counters)
-        except Exception:  # noqa: BLE001
-            log.exception("commit failed; nothing of this batch is acknowledged (the broker redelivers)")
-            self.validator.reload()
-            time.sleep(0.5)
-            return
+        inserted = self.store.commit_batch(accepted, counters)
         self.validator.batch_committed()
         generation = self._generation
         for msg in batch:

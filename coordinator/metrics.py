@@ -24,6 +24,15 @@ class Metrics:
         self.commit_seconds = 0.0
         self.last_commit: float | None = None
         self.connected = False
+        #: wall time since when a batch keeps failing (store unreachable): ingest waits, nothing is acknowledged
+        self.stalled_since: float | None = None
+        self.failed_attempts = 0
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self.failed_attempts += 1
+            if self.stalled_since is None:
+                self.stalled_since = time.time()
 
     def record_batch(self, received: int, accepted: int, duplicates: int, rejected: Counter[str], seconds: float) -> None:
         with self._lock:
@@ -34,6 +43,7 @@ class Metrics:
             self.batches += 1
             self.commit_seconds += seconds
             self.last_commit = time.time()
+            self.stalled_since = None
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -49,4 +59,6 @@ class Metrics:
                 "mean_commit_ms": 1000 * self.commit_seconds / self.batches if self.batches else None,
                 "last_commit": self.last_commit,
                 "connected": self.connected,
+                "stalled_since": self.stalled_since,
+                "failed_attempts": self.failed_attempts,
             }

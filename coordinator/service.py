@@ -14,6 +14,7 @@ Example (in-process, e.g. a demo or a test)::
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ from coordinator.validate import Validator
 from protocols import wire
 
 __all__ = ["CoordinatorConfig", "Coordinator", "load_or_create_key", "read_device_records"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,6 +107,10 @@ class Coordinator:
         if self.config.devices_file:
             self.import_devices(self.config.devices_file)
         self.validator = Validator(self.store, replay_window=self.config.replay_window)
+        if self.config.shared_group and self.config.replay_window == 0:
+            log.warning("shared subscription without a replay window: a report redelivered after its worker died "
+                        "is rejected as a replay once another worker stored a later seq of the same device; set "
+                        "replay_window (e.g. 1000)")
         self.ingest: IngestWorker | None = None
         if self.config.mqtt:
             self.ingest = IngestWorker(

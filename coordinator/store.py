@@ -24,7 +24,22 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StoredReport", "Store", "SQLiteStore", "PostgresStore", "open_store"]
+__all__ = ["StoredReport", "Store", "SQLiteStore", "PostgresStore", "open_store", "STORE_ERRORS"]
+
+
+def _store_errors() -> tuple[type[Exception], ...]:
+    errors: list[type[Exception]] = [sqlite3.Error]
+    try:
+        import psycopg
+    except ImportError:  # the PostgreSQL store is an optional extra
+        pass
+    else:
+        errors.append(psycopg.Error)
+    return tuple(errors)
+
+
+#: Exceptions meaning "the database failed" (not "the input is bad"): ingest retries the batch that met one.
+STORE_ERRORS = _store_errors()
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS devices (
@@ -147,14 +162,28 @@ class _SQLStore(Store):
 
     def _exec(self, sql: str, args: tuple = (), commit: bool = False) -> list[tuple]:
         with self._lock:
+            self._check_connection()
             cur = self._conn.cursor()
-            cur.execute(self._q(sql), args)
-            rows = cur.fetchall() if cur.description else []
-            if commit:
-                self._conn.commit()
-            else:
-                self._end_read()
+            try:
+                cur.execute(self._q(sql), args)
+                rows = cur.fetchall() if cur.description else []
+                if commit:
+                    self._conn.commit()
+                else:
+                    self._end_read()
+            except BaseException:
+                self._rollback()  # PostgreSQL refuses every later statement of a failed transaction
+                raise
             return rows
+
+    def _check_connection(self) -> None:
+        """Reopen a connection the server dropped (PostgreSQL); SQLite's never drops."""
+
+    def _rollback(self) -> None:
+        try:
+            self._conn.rollback()
+        except Exception:  # noqa: BLE001 - a broken connection: _check_connection reopens it next time
+            pass
 
     def _end_read(self) -> None:
         """Finish the implicit read transaction (PostgreSQL would otherwise hold a snapshot)."""
@@ -206,7 +235,10 @@ class _SQLStore(Store):
         for r in reports:
             if r.seq > hwm.get(r.device_id, -1):
                 hwm[r.device_id] = r.seq
+        # rows in key order: workers committing overlapping devices lock them in the same order (no deadlock)
+        reports = sorted(reports, key=lambda r: (r.device_id, r.seq))
         with self._lock:
+            self._check_connection()
             cur = self._conn.cursor()
             try:
                 inserted = 0
@@ -220,7 +252,7 @@ class _SQLStore(Store):
                     cur.executemany(
                         self._q("INSERT INTO high_water (device_id, seq) VALUES (?, ?) ON CONFLICT (device_id) "
                                 f"DO UPDATE SET seq = {self._greatest}(high_water.seq, excluded.seq)"),
-                        list(hwm.items()),
+                        sorted(hwm.items()),
                     )
                 adds = {k: v for k, v in counters.items() if v}
                 if inserted:
@@ -233,7 +265,7 @@ class _SQLStore(Store):
                     )
                 self._conn.commit()
             except BaseException:
-                self._conn.rollback()
+                self._rollback()
                 raise
             return inserted
 
@@ -308,6 +340,12 @@ class PostgresStore(_SQLStore):
 
     def _end_read(self) -> None:
         self._conn.commit()
+
+    def _check_connection(self) -> None:
+        if self._conn.closed or self._conn.broken:
+            import psycopg
+
+            self._conn = psycopg.connect(self.dsn)
 
 
 def open_store(url: str | Path) -> Store:

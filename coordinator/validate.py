@@ -48,7 +48,7 @@ from typing import Any
 
 from coordinator.decode import StreamDecoder
 from coordinator.schemas import RoundParams, StreamSpec, body_row, parse_round_params
-from coordinator.store import Store, StoredReport
+from coordinator.store import STORE_ERRORS, Store, StoredReport
 from protocols import wire
 
 __all__ = ["Validator", "REASONS", "DUPLICATE"]
@@ -111,7 +111,9 @@ class Validator:
         self._keys: dict[str, tuple[wire.VerifyKey | None, str, str]] = {}  # id → (key, status, registry text)
         self._rounds: dict[str, _Round] = {}
         self._hwm: dict[str, int] = {}
-        self._reported: set[tuple[str, str, str]] = set()
+        #: open round → (device, stream) pairs already reported; a closed round's set is dropped (its reports are
+        #: rejected as round_closed before this check), so memory follows the open rounds, not the history
+        self._reported: dict[str, set[tuple[str, str]]] = {}
         self._pending: dict[tuple[str, int], str] = {}
         self._decoders: dict[tuple[str, str], StreamDecoder] = {}
         self._missing_rounds: dict[str, float] = {}  # round id → monotonic time of the store lookup that missed
@@ -120,41 +122,58 @@ class Validator:
 
     # ------------------------------------------------------------------ state
     def reload(self) -> None:
-        """Re-read everything from the store (after a failed commit, or on start)."""
+        """Re-read everything from the store (after a failed commit, or on start). All or nothing: every read
+        happens before any state changes, so a store error leaves the validator as it was (and raises)."""
         with self._lock:
+            devices = self.store.devices()
+            round_rows = self.store.rounds()
+            hwm = self.store.high_water_marks()
+            rounds = {row["round_id"]: _round_from_row(row) for row in round_rows}
+            reported: dict[str, set[tuple[str, str]]] = {}
+            for device_id, round_id, stream in self.store.reported_keys(
+                    [rid for rid, r in rounds.items() if r.status == "open"]):
+                reported.setdefault(round_id, set()).add((device_id, stream))
             self._pending.clear()
-            self.refresh_devices()
-            self.refresh_rounds()
-            self._hwm = self.store.high_water_marks()
-            open_ids = [rid for rid, r in self._rounds.items() if r.status == "open"]
-            self._reported = self.store.reported_keys(open_ids)
+            self._apply_devices(devices)
+            self._apply_rounds(rounds)
+            self._hwm, self._reported = hwm, reported
 
     def refresh_devices(self) -> None:
         with self._lock:
-            keys: dict[str, tuple[wire.VerifyKey | None, str, str]] = {}
-            for device_id, (text, status) in self.store.devices().items():
-                old = self._keys.get(device_id)
-                if old is not None and old[2] == text:
-                    key = old[0]
-                else:
-                    try:
-                        key = wire.load_registry_key(text)  # Ed25519 public key or HMAC report key
-                    except ValueError:
-                        key = None  # a corrupt registry entry rejects the device's reports, never crashes ingest
-                keys[device_id] = (key, status, text)
-            self._keys = keys
-            self._devices_loaded = time.monotonic()
+            self._apply_devices(self.store.devices())
+
+    def _apply_devices(self, devices: dict[str, tuple[str, str]]) -> None:
+        keys: dict[str, tuple[wire.VerifyKey | None, str, str]] = {}
+        for device_id, (text, status) in devices.items():
+            old = self._keys.get(device_id)
+            if old is not None and old[2] == text:
+                key = old[0]
+            else:
+                try:
+                    key = wire.load_registry_key(text)  # Ed25519 public key or HMAC report key
+                except ValueError:
+                    key = None  # a corrupt registry entry rejects the device's reports, never crashes ingest
+            keys[device_id] = (key, status, text)
+        self._keys = keys
+        self._devices_loaded = time.monotonic()
 
     def refresh_rounds(self) -> None:
         with self._lock:
-            self._rounds = {row["round_id"]: _round_from_row(row) for row in self.store.rounds()}
-            self._missing_rounds.clear()
-            self._rounds_loaded = time.monotonic()
+            self._apply_rounds({row["round_id"]: _round_from_row(row) for row in self.store.rounds()})
+
+    def _apply_rounds(self, rounds: dict[str, "_Round"]) -> None:
+        for rid in [rid for rid in self._reported if rid in rounds and rounds[rid].status != "open"]:
+            del self._reported[rid]
+        self._rounds = rounds
+        self._missing_rounds.clear()
+        self._rounds_loaded = time.monotonic()
 
     def set_round(self, config: wire.RoundConfig, status: str) -> None:
         """Tell the validator about a round opened or closed in this process (no store round trip)."""
         with self._lock:
             self._rounds[config.round_id] = _Round(config, parse_round_params(config.params), status)
+            if status != "open":
+                self._reported.pop(config.round_id, None)
             self._missing_rounds.pop(config.round_id, None)
 
     def batch_committed(self) -> None:
@@ -178,7 +197,9 @@ class Validator:
         support checks of all rows of one round and stream at once (:meth:`StreamDecoder.check_rows`: one
         stacking, one vectorised check when all are good); (3) in arrival order, the replay and duplicate checks
         and the reservation of what is accepted. An unexpected error in one message is logged and returned as
-        ``internal_error`` — it never loses the rest of the batch.
+        ``internal_error`` — it never loses the rest of the batch. A store error (:data:`STORE_ERRORS`: a lookup
+        of a newly enrolled device or a round opened elsewhere, a stored signature) raises: the caller retries
+        the whole batch after :meth:`reload` (nothing of it is acknowledged).
         """
         t = time.time() if now is None else now
         out: list[StoredReport | wire.WireError] = []
@@ -191,6 +212,8 @@ class Validator:
                 except wire.WireError as exc:
                     out.append(exc)
                     continue
+                except STORE_ERRORS:  # the store failed (a lookup of a new device or round): retry the batch
+                    raise
                 except Exception:  # noqa: BLE001 - a bug must not lose the batch: count it, go on
                     log.exception("unexpected error validating a report")
                     out.append(wire.WireError("internal_error"))
@@ -329,14 +352,14 @@ class Validator:
                 raise wire.WireError("replay", f"{report.device_id} seq {report.seq} already used")
             if report.seq <= hwm - self.replay_window:
                 raise wire.WireError("replay", f"{report.device_id} seq {report.seq} <= high-water mark {hwm}")
-        if (report.device_id, report.round_id, report.stream) in self._reported:
+        if (report.device_id, report.stream) in self._reported.get(report.round_id, ()):
             raise wire.WireError("already_reported", f"{report.device_id} in {report.round_id}/{report.stream}")
 
     def _reserve(self, report: wire.Report) -> None:
         if report.seq > self._hwm.get(report.device_id, -1):
             self._hwm[report.device_id] = report.seq
         self._pending[(report.device_id, report.seq)] = report.sig
-        self._reported.add((report.device_id, report.round_id, report.stream))
+        self._reported.setdefault(report.round_id, set()).add((report.device_id, report.stream))
 
     # ------------------------------------------------------------------ introspection
     def round_params(self, round_id: str) -> RoundParams:

@@ -197,3 +197,69 @@ def test_broker_restart_mid_stream(mosquitto, tmp_path, protocol):
         snap = coord.metrics_snapshot()
         assert snap["stored_reports"] == snap["store"]["accepted"] == len(reports)
         assert not snap["rejected"]
+
+
+class _FlakyStore(SQLiteStore):
+    """A store whose commits (and, optionally, reads) fail while ``down`` is set: a full disk, a database outage."""
+
+    down = False
+    reads_fail = False
+    failures = 0
+
+    def commit_batch(self, reports, counters):
+        if self.down:
+            self.failures += 1
+            raise sqlite3.OperationalError("injected: database or disk is full")
+        return super().commit_batch(reports, counters)
+
+    def _exec(self, sql, args=(), commit=False):
+        if self.down and self.reads_fail:
+            raise sqlite3.OperationalError("injected: unable to open database file")
+        return super()._exec(sql, args, commit)
+
+
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+@pytest.mark.parametrize("reads_fail", [False, True], ids=["commit-fails", "store-down"])
+def test_store_outage_stalls_ingest_and_loses_nothing(mosquitto, tmp_path, protocol, reads_fail):
+    """While the store fails, a batch is retried — never dropped or acknowledged — and nothing later is processed
+    (a dropped batch would stay unacknowledged in the broker while later seqs raise the high-water marks past it:
+    its redelivery would be rejected as a replay; and more than the broker's in-flight window of stranded messages
+    stops delivery). /healthz says stalled. When the store is back every report is stored exactly once."""
+    import urllib.error
+    import urllib.request
+
+    fleet = SimFleet(30)
+    store = _FlakyStore(tmp_path / "c.db")
+    store.reads_fail = reads_fail
+    cfg = CoordinatorConfig(db=str(tmp_path / "c.db"), mqtt_port=mosquitto.port, batch_ms=5, batch_size=10,
+                            mqtt_protocol=protocol, http_port=0)
+    coord = Coordinator(cfg, store=store).start()
+    pub = publisher(mosquitto.port)
+    try:
+        coord.import_devices(fleet.enrollment())
+        coord.open_round("r1", 1.5, PARAMS)
+        reports = signed_reports(fleet, "r1")  # per device: seq 1, 2, 3 across the three streams
+        store.down = True
+        for topic, payload in reports[:30]:  # stream a: every device's seq 1
+            pub.publish(topic, payload, qos=1)
+        assert wait_until(lambda: store.failures >= 2 or coord.ingest.metrics.failed_attempts >= 2, 10)
+        for topic, payload in reports[30:]:  # later seqs of the same devices arrive during the outage
+            pub.publish(topic, payload, qos=1)
+        time.sleep(0.5)
+        health = f"{coord.api.url}/healthz"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(health, timeout=5)
+        assert err.value.code == 503 and json.loads(err.value.read())["status"] == "stalled"
+        store.down = False
+        assert wait_until(lambda: len(list(store.iter_reports())) == len(reports), 30)
+        time.sleep(0.5)
+        stored = [(r.device_id, r.seq) for r in store.iter_reports()]
+        assert len(stored) == len(set(stored)) == len(reports)
+        counters = store.counters()
+        assert counters["accepted"] == len(reports) and not counters.get("replay")
+        with urllib.request.urlopen(health, timeout=5) as resp:
+            assert json.loads(resp.read())["status"] == "ok"
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+        coord.stop()

@@ -96,3 +96,22 @@ def test_postgres_store_two_workers(postgres_dsn):
     assert other.round("r1")["status"] == "closed" and other.round("nope") is None
     store.close()
     other.close()
+
+
+def test_postgres_store_recovers_from_a_failed_statement_and_a_dropped_connection(postgres_dsn):
+    """A failed statement is rolled back (PostgreSQL would refuse every later one in the aborted transaction) and
+    a connection the server dropped is reopened: the ingest's retry of a batch can then succeed."""
+    import psycopg
+
+    store = PostgresStore(postgres_dsn)
+    with pytest.raises(psycopg.Error):
+        store._exec("SELECT no_such_function()")
+    assert isinstance(store.high_water_marks(), dict)  # the next statement runs
+    killer = PostgresStore(postgres_dsn)
+    pid = store._exec("SELECT pg_backend_pid()")[0][0]
+    killer._exec("SELECT pg_terminate_backend(?)", (pid,))
+    with pytest.raises(psycopg.Error):  # the statement that meets the dropped connection fails ...
+        store.high_water_marks()
+    assert isinstance(store.high_water_marks(), dict)  # ... and the next one reconnects
+    store.close()
+    killer.close()

@@ -216,3 +216,55 @@ def test_check_batch_matches_message_by_message(setup):
     v.batch_committed()
     # the out-of-support report reserved nothing: b's next report for r1 is still accepted
     assert v.check(*b.report("r1", "cpu", "hybrid", {"report": 1.0})).device_id == b.device_id
+
+
+class _DownStore(SQLiteStore):
+    """Reads fail while ``down`` (a locked or unreachable database)."""
+
+    down = False
+
+    def _exec(self, sql, args=(), commit=False):
+        import sqlite3
+
+        if self.down:
+            raise sqlite3.OperationalError("injected: database is locked")
+        return super()._exec(sql, args, commit)
+
+
+def test_store_errors_raise_and_reload_is_all_or_nothing(tmp_path):
+    """A store failure while checking a batch raises (the ingest retries the batch; it is never acknowledged as an
+    internal_error), and a reload that fails changes nothing; once the store is back, a reload voids the
+    reservations of a batch whose commit failed, so its retry accepts the same reports again."""
+    import sqlite3
+
+    store = _DownStore(tmp_path / "c.db")
+    RoundManager(store, wire.generate_signing_key()).open_round("r1", 1.0, PARAMS)
+    validator = Validator(store, refresh_interval=0)
+    fleet = SimFleet(2)
+    for record in fleet.enrollment():  # enrolled after the validator loaded: pass 1 looks the device up
+        store.upsert_device(record["device_id"], record["public_key"])
+    messages = [dev.report("r1", "cpu", "hybrid", {"report": 0.5}) for dev in fleet.devices]
+    store.down = True
+    with pytest.raises(sqlite3.OperationalError):
+        validator.check_batch(messages)
+    before = (dict(validator._hwm), {k: set(v) for k, v in validator._reported.items()}, dict(validator._keys))
+    with pytest.raises(sqlite3.OperationalError):
+        validator.reload()
+    assert (validator._hwm, validator._reported, validator._keys) == before
+    store.down = False
+    first = validator.check_batch(messages)
+    assert all(not isinstance(r, wire.WireError) for r in first)
+    # the commit of that batch failed: reload, then the retry sees the same reports as new
+    validator.reload()
+    again = validator.check_batch(messages)
+    assert [r.seq for r in again] == [r.seq for r in first]
+
+
+def test_closing_a_round_frees_its_reported_set(setup):
+    store, fleet, v, rounds = setup
+    for dev in fleet.devices:
+        v.check(*dev.report("r1", "cpu", "hybrid", {"report": 0.5}))
+    assert len(v._reported["r1"]) == len(fleet.devices)
+    rounds.close_round("r1")
+    assert "r1" not in v._reported
+    assert reason(v, *fleet.devices[0].report("r1", "cpu", "hybrid", {"report": 0.5})) == "round_closed"
