@@ -138,14 +138,20 @@ def test_bounds_differing_from_the_device_are_refused_not_adopted(tmp_path):
 
 
 def test_round_rounding_steps_are_followed_with_the_device_offset(tmp_path):
-    values = iter([50.3, 50.9, 51.2, 50.4, 12.0])
-    a = Agent(_cfg(0, tmp_path), CallableSource(lambda: {"age": 30.0, "hours": 40.0, "edu": 9, "load": next(values),
+    values: list[float] = []
+    a = Agent(_cfg(0, tmp_path), CallableSource(lambda: {"age": 30.0, "hours": 40.0, "edu": 9, "load": values.pop(0),
                                                          "sex": 1, "app": 2}),
               secrets=new_identity(), transport=False).open()
     spec = a.stream_specs()["load"]
     coarse = dict(spec, rounding=[16.0])  # (hi - lo)/K_base · 2^4: the device's own nested grid
     rounder = a.pipeline._rounding["load"].rounder
-    expected = [float(rounder.round([x], [16.0])[0]) for x in (50.3, 50.9, 51.2, 50.4)]
+    # four readings within 0.9 of each other, moved clear of the device's (random) cell boundary on that grid
+    for shift in np.arange(0.0, 16.0, 1.0):
+        readings = [50.3 + shift, 50.9 + shift, 51.2 + shift, 50.4 + shift]
+        expected = [float(rounder.round([x], [16.0])[0]) for x in readings]
+        if len(set(expected)) == 1:
+            break
+    values.extend(readings + [12.0])
     charged = []
     for i in range(4):
         out = a.handle_round(_round(f"r{i}", {"streams": {"load": coarse}}).to_bytes())
