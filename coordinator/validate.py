@@ -77,6 +77,10 @@ def _round_from_row(row: dict[str, Any]) -> _Round:
     return _Round(config, parse_round_params(config.params), row["status"])
 
 
+def _rounds_from_rows(rows: Sequence[dict[str, Any]]) -> dict[str, _Round]:
+    return {row["round_id"]: _round_from_row(row) for row in rows}
+
+
 class Validator:
     """Validates report messages against the device registry, the rounds and the replay state of a store.
 
@@ -128,7 +132,7 @@ class Validator:
             devices = self.store.devices()
             round_rows = self.store.rounds()
             hwm = self.store.high_water_marks()
-            rounds = {row["round_id"]: _round_from_row(row) for row in round_rows}
+            rounds = _rounds_from_rows(round_rows)
             reported: dict[str, set[tuple[str, str]]] = {}
             for device_id, round_id, stream in self.store.reported_keys(
                     [rid for rid, r in rounds.items() if r.status == "open"]):
@@ -159,7 +163,7 @@ class Validator:
 
     def refresh_rounds(self) -> None:
         with self._lock:
-            self._apply_rounds({row["round_id"]: _round_from_row(row) for row in self.store.rounds()})
+            self._apply_rounds(_rounds_from_rows(self.store.rounds()))
 
     def _apply_rounds(self, rounds: dict[str, "_Round"]) -> None:
         for rid in [rid for rid in self._reported if rid in rounds and rounds[rid].status != "open"]:

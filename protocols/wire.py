@@ -272,8 +272,10 @@ def registry_key_id(text: str) -> str:
 # --- models -------------------------------------------------------------------------------------------------
 
 
-#: Domain-separation prefix of a report's signing message (then the topic and the canonical JSON of its fields).
-_REPORT_DOMAIN = b"haarvest-report-v1\n"
+def _report_signing_message(topic: str, unsigned_json: bytes) -> bytes:
+    """What a report's signature covers: a domain-separation prefix, the topic, the canonical JSON of every field
+    but ``sig``."""
+    return b"haarvest-report-v1\n" + topic.encode() + b"\n" + unsigned_json
 
 
 class _Signed(BaseModel):
@@ -308,7 +310,7 @@ class Report(_Signed):
     body: dict[str, Any]
 
     def signing_message(self, topic: str) -> bytes:
-        return _REPORT_DOMAIN + topic.encode() + b"\n" + canonical_json(self.unsigned_dict())
+        return _report_signing_message(topic, canonical_json(self.unsigned_dict()))
 
 
 class RoundConfig(_Signed):
@@ -366,8 +368,7 @@ def signed_report_bytes(report: Report, topic: str, key: DeviceKey) -> bytes:
     fields = report.unsigned_dict()
     head = _CANONICAL.encode({k: fields.pop(k) for k in _BEFORE_SIG})
     tail = _CANONICAL.encode(fields)
-    sig = base64.b64encode(key.sign(_REPORT_DOMAIN + topic.encode() + b"\n" +
-                                    f"{head[:-1]},{tail[1:]}".encode())).decode()
+    sig = base64.b64encode(key.sign(_report_signing_message(topic, f"{head[:-1]},{tail[1:]}".encode()))).decode()
     return f'{head[:-1]},"sig":"{sig}",{tail[1:]}'.encode()
 
 
