@@ -273,7 +273,7 @@ class Validator:
         if key is None:
             raise wire.WireError("unknown_device", "registered key is unusable")
         try:
-            wire.verify_report(report, topic, key)
+            wire.verify_report(report, topic, key, payload)
         except wire.WireError:
             raise
         except (RecursionError, ValueError, TypeError) as exc:  # NaN/inf or unencodable body

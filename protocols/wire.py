@@ -372,10 +372,39 @@ def signed_report_bytes(report: Report, topic: str, key: DeviceKey) -> bytes:
     return f'{head[:-1]},"sig":"{sig}",{tail[1:]}'.encode()
 
 
-def verify_report(report: Report, topic: str, key: VerifyKey) -> None:
+def verify_report(report: Report, topic: str, key: VerifyKey, payload: bytes | None = None) -> None:
     """Raise WireError('unsigned' | 'bad_signature') unless ``report`` is validly signed for ``topic`` under the
-    device's registered key (Ed25519 public key or HMAC key)."""
-    _verify(report.sig, report.signing_message(topic), key)
+    device's registered key (Ed25519 public key or HMAC key).
+
+    ``payload`` — the bytes ``report`` was decoded from — lets the ingest path skip re-encoding the canonical JSON
+    (≈ 8 % of the coordinator's CPU per report): the bytes a device sends (:func:`signed_report_bytes`) *are* the
+    signed canonical JSON with ``,"sig":"<sig>",`` spliced in, so the signature is first checked over the payload
+    with that one splice cut back to ``,``. This accepts exactly what the canonical check accepts. If the check
+    passes, the device signed the cut text ``T`` (the signatures are unforgeable and devices sign only canonical
+    JSON of a report's unsigned fields, under this topic and domain prefix), so ``T`` has no top-level ``sig`` and
+    the payload is ``T`` with one ``"sig":…`` member inserted. An insertion inside a string literal leaves invalid
+    JSON (the needle's quotes close the string and ``sig`` follows as a bare word); one inside an array is
+    invalid JSON; one inside a nested object leaves the top level without ``sig``, while ``report.sig`` — which
+    the needle is built from — is the top-level member. So the payload decodes to ``T``'s fields plus the
+    top-level ``sig``: ``report`` is what the device signed. Any other layout (another encoder's spacing or key
+    order) falls back to the canonical re-encoding, whose check is authoritative; a failed cut check costs a
+    second signature check only if the cut text differs from the canonical one."""
+    sig = report.sig
+    if payload is not None and sig:
+        needle = b',"sig":"' + sig.encode() + b'",'
+        at = payload.find(needle)
+        if at > 0:
+            cut = payload[:at] + b"," + payload[at + len(needle):]
+            try:
+                _verify(sig, _report_signing_message(topic, cut), key)
+                return
+            except WireError:
+                canonical = canonical_json(report.unsigned_dict())
+                if canonical == cut:
+                    raise
+                _verify(sig, _report_signing_message(topic, canonical), key)
+                return
+    _verify(sig, report.signing_message(topic), key)
 
 
 def sign_round(config: RoundConfig, key: Ed25519PrivateKey) -> RoundConfig:

@@ -139,3 +139,66 @@ def test_one_pass_encoding_equals_sign_then_serialize(algorithm, body):
     assert payload == wire.sign_report(report, topic, key).to_bytes()
     verify = key.public_key() if algorithm == "ed25519" else key
     wire.verify_report(wire.decode_report(payload), topic, verify)
+
+
+def _signed(algorithm, body):
+    key = wire.generate_device_key(algorithm)
+    topic = wire.report_topic("dev-1")
+    payload = wire.signed_report_bytes(_report(body=body), topic, key)
+    return payload, topic, (key.public_key() if algorithm == "ed25519" else key)
+
+
+_AWKWARD_BODY = {"a": "x,y", "n": {"b": [1, 2], "c": "\",\"sig\":\""}, "z": [0.5, -1]}
+
+
+@pytest.mark.parametrize("algorithm", wire.SIGNATURE_ALGORITHMS)
+@pytest.mark.parametrize("body", [{"y": [0.5]}, _AWKWARD_BODY, {"stream": "x", "sig": "y", "v": [1, {"b": 2}]}])
+def test_verify_from_received_bytes_skips_the_canonical_encoding(algorithm, body, monkeypatch):
+    payload, topic, verify = _signed(algorithm, body)
+    report = wire.decode_report(payload)
+
+    def no_encoding(obj):
+        raise AssertionError("the canonical JSON was re-encoded")
+
+    monkeypatch.setattr(wire, "canonical_json", no_encoding)
+    wire.verify_report(report, topic, verify, payload)
+
+
+@pytest.mark.parametrize("algorithm", wire.SIGNATURE_ALGORITHMS)
+def test_verify_from_received_bytes_other_layouts_fall_back(algorithm):
+    """Another encoder's layout (spaces, sig first, unsorted keys) still verifies: the canonical check decides."""
+    import json
+
+    payload, topic, verify = _signed(algorithm, _AWKWARD_BODY)
+    fields = json.loads(payload)
+    sig = fields.pop("sig")
+    for text in (json.dumps({"sig": sig, **fields}), json.dumps(dict(reversed(list(fields.items())), sig=sig),
+                                                                indent=1)):
+        wire.verify_report(wire.decode_report(text.encode()), topic, verify, text.encode())
+        spaced_bad = text.replace(sig, sig[:-4] + ("AAAA" if not sig.endswith("AAAA") else "BBBB"))
+        with pytest.raises(wire.WireError):
+            wire.verify_report(wire.decode_report(spaced_bad.encode()), topic, verify, spaced_bad.encode())
+
+
+@pytest.mark.parametrize("algorithm", wire.SIGNATURE_ALGORITHMS)
+def test_verify_from_received_bytes_moving_the_signature_is_caught(algorithm):
+    """Every re-placement of the sig member (at every comma of the signed text: top level, inside the body's
+    objects, arrays and strings) and every tampered field: whatever decodes and verifies is the signed report."""
+    payload, topic, verify = _signed(algorithm, _AWKWARD_BODY)
+    original = wire.decode_report(payload)
+    member = b'"sig":"' + original.sig.encode() + b'",'
+    unsigned = payload.replace(b"," + member, b",", 1)
+    variants = [unsigned[:i + 1] + member + unsigned[i + 1:] for i in range(len(unsigned)) if unsigned[i:i + 1] == b","]
+    variants += [payload.replace(b'"seq":7', b'"seq":8'), payload.replace(b'"x,y"', b'"x,z"'),
+                 payload.replace(b'"stream":"cpu"', b'"stream":"cpu","seq":8'),
+                 payload.replace(b'{"body"', b'{"seq":8,"body"')]
+    accepted = 0
+    for variant in variants:
+        try:
+            report = wire.decode_report(variant)
+            wire.verify_report(report, topic, verify, variant)
+        except wire.WireError:
+            continue
+        accepted += 1
+        assert report == original, variant
+    assert accepted >= 2  # the honest place and other top-level places (canonical fallback)
