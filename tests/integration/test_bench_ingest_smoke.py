@@ -14,7 +14,7 @@ def test_ingest_bench_quick_runs():
     from simulations.bench import ingest
 
     out = ingest.run(quick=True)
-    for row in ("raw: mosquitto_pub", "raw: paho publisher", "1 process, Ed25519, MQTT 5", "1 process, HMAC, MQTT 3.1.1",
+    for row in ("raw: mosquitto_pub", "raw: paho publisher", "1 coordinator, Ed25519, MQTT 5", "1 coordinator, HMAC, MQTT 3.1.1",
                 "coordinator live"):
         assert row in out
     assert "of the raw mosquitto_pub rate" in out

@@ -124,8 +124,26 @@ def _stored(db: Path) -> list[tuple[str, int]]:
         conn.close()
 
 
+def _receiver_pids(coordinator_pid: int) -> list[int]:
+    """The coordinator's MQTT receiver process(es)."""
+    out = subprocess.run(["pgrep", "-P", str(coordinator_pid), "-f", "coordinator.mqtt_receiver"],
+                         capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("victim", ["coordinator", "receiver"])
 @pytest.mark.parametrize("protocol", ["3.1.1", "5"])
-def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tmp_path, protocol):
+def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tmp_path, protocol, victim):
+    """SIGKILL mid-stream — the coordinator (its receiver must exit with it; a new coordinator is started) or its
+    MQTT receiver process alone (the coordinator restarts it): every report stored once, none rejected."""
     db, key = tmp_path / "coord.db", tmp_path / "coord.key"
     fleet = SimFleet(700)
     store = SQLiteStore(db)
@@ -137,6 +155,7 @@ def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tm
     published = {(json.loads(p)["device_id"], json.loads(p)["seq"]) for _, p in reports}
 
     proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log", protocol)
+    (receiver,) = _receiver_pids(proc.pid)
     pub = publisher(mosquitto.port)
     done = threading.Event()
 
@@ -151,13 +170,18 @@ def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tm
     thread.start()
     try:
         assert wait_until(lambda: len(_stored(db)) >= 300, 30), "coordinator stored nothing"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        if victim == "coordinator":
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            assert wait_until(lambda: not _alive(receiver), 10), "the receiver outlived its coordinator"
+        else:
+            os.kill(receiver, signal.SIGKILL)
         killed_at = len(_stored(db))
         assert killed_at < len(reports), "the kill must land mid-stream"
         thread.join(60)
         assert done.is_set()
-        proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log", protocol)
+        if victim == "coordinator":
+            proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log", protocol)
         assert wait_until(lambda: len(_stored(db)) >= len(reports), 60)
         time.sleep(0.5)  # anything still redelivered must be recognised as a duplicate
         rows = _stored(db)
@@ -168,12 +192,48 @@ def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tm
         conn.close()
         assert counters["accepted"] == len(reports)
         assert set(counters) <= {"accepted", "duplicate"}
+        if victim == "receiver":
+            assert proc.poll() is None
+            assert _receiver_pids(proc.pid) not in ([], [receiver])
+            assert "restarting it" in (tmp_path / "coord.log").read_text()
     finally:
         pub.disconnect()
         pub.loop_stop()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
+
+
+def test_sigterm_to_the_process_group_stops_in_order(mosquitto, tmp_path):
+    """A service manager signals the whole group: the receiver ignores it, the coordinator stops it in order (what
+    was received is committed and acknowledged) and exits 0; nothing is left running."""
+    db, key = tmp_path / "coord.db", tmp_path / "coord.key"
+    fleet = SimFleet(200)
+    store = SQLiteStore(db)
+    for rec in fleet.enrollment():
+        store.upsert_device(rec["device_id"], rec["public_key"])
+    RoundManager(store, wire.generate_signing_key()).open_round("r1", 1.5, PARAMS)
+    store.close()
+    reports = signed_reports(fleet, "r1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--db", str(db), "--key", str(key),
+         "--mqtt-port", str(mosquitto.port), "--mqtt-protocol", "3.1.1"],
+        stdout=subprocess.PIPE, stderr=open(tmp_path / "coord.log", "ab"), env=env, cwd=ROOT, start_new_session=True)
+    assert json.loads(proc.stdout.readline())["status"] == "ready"
+    (receiver,) = _receiver_pids(proc.pid)
+    pub = publisher(mosquitto.port)
+    try:
+        for topic, payload in reports:
+            pub.publish(topic, payload, qos=1)
+        assert wait_until(lambda: len(_stored(db)) >= len(reports), 30)
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert wait_until(lambda: not _alive(receiver), 10)
+    assert len(_stored(db)) == len(reports)
 
 
 @pytest.mark.parametrize("protocol", ["3.1.1", "5"])

@@ -1,0 +1,351 @@
+"""The MQTT half of ingest, run in its own process: receive reports, hand them to the coordinator in batches,
+acknowledge each batch only when the coordinator says it is committed.
+
+Why a process: paho's receive path is pure Python (≈ 38 µs of CPU per QoS 1 message over MQTT 3.1.1, ≈ 60 µs over
+MQTT 5, acknowledgements included) and so is the coordinator's validate-and-commit (≈ 31 µs). In one process the
+two take turns on the GIL; in two they overlap on two cores while the coordinator keeps one writer (measured in
+``docs/bench.md``). The receiver knows nothing of devices, signatures or the store: it only moves bytes and
+acknowledgements, and it imports nothing but paho.
+
+paho-mqtt ≥ 2.1 (``CallbackAPIVersion.VERSION2``), QoS 1, a persistent session (the broker queues reports while the
+coordinator is down) and ``manual_ack=True``. A batch closes when it is full (``batch_size``) or when its first
+message is ``batch_ms`` old as the next one arrives (then in paho's network thread), or at twice ``batch_ms`` when
+no further message comes (a flusher thread). At most :data:`MAX_BATCHES_IN_FLIGHT` batches wait for the
+coordinator; then the network thread waits too, and the broker holds the rest.
+
+A message is acknowledged only if it arrived on the current connection (a *generation*): after a reconnect the
+broker redelivers the earlier connection's unacknowledged messages itself, and the coordinator finds the copies
+``duplicate``. The receiver dies with its coordinator: on end of file from it, it exits at once without
+acknowledging anything in flight. It ignores SIGTERM and SIGINT (a service manager signals the whole group; the
+coordinator stops it in order).
+
+Protocol: ``"5"`` connects with ``clean_start=False`` and a 7-day session expiry; ``"3.1.1"`` with
+``clean_session=False``; ``"auto"`` tries MQTT 5 and falls back to 3.1.1 for good when the broker refuses the
+protocol version or closes the connection before any CONNACK. MQTT 3.1.1 is the throughput setting (paho parses
+MQTT 5 properties in Python); MQTT 5 is the default because its PUBACK reason codes tell ``coordinator rounds open``
+that the broker's ACL refused a round. Shared subscriptions ``$share/<group>/...`` let several coordinators split a
+fleet (mosquitto ≥ 1.6 grants them to MQTT 3.1.1 clients too; amqtt has none).
+
+The pipe (a socketpair carrying pickled tuples, :class:`multiprocessing.connection.Connection`):
+
+* coordinator → receiver: ``("settings", dict)`` first; ``("done", batch_id)`` — committed, acknowledge it;
+  ``("publish", request, topic, payload, retain, qos, timeout)``; ``("stop", drain)`` — with ``drain``, hand over
+  what is pending and wait (≤ :data:`DRAIN_TIMEOUT`) for its ``done``; then disconnect and exit.
+* receiver → coordinator: ``("status", connected, protocol)``, ``("subscribed",)``,
+  ``("batch", batch_id, [(topic, payload), ...])``, ``("published", request, error or None)``, ``("stopped",)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+__all__ = ["IngestSettings", "Receiver", "subscription_topic", "REPORTS_WILDCARD"]
+
+log = logging.getLogger(__name__)
+
+#: ``protocols.wire.REPORTS_WILDCARD`` (kept here so that the receiver imports nothing but paho; a test checks it).
+REPORTS_WILDCARD = "haarvest/v1/reports/+"
+#: Seconds the broker keeps the session (subscription + queued QoS 1 reports) after a disconnect.
+SESSION_EXPIRY = 7 * 24 * 3600
+#: Batches handed to the coordinator and not yet committed, at most (one committing, the next ones queued).
+MAX_BATCHES_IN_FLIGHT = 3
+#: On a draining stop, how long to wait for the coordinator to commit what was handed over.
+DRAIN_TIMEOUT = 20.0
+#: CONNACK codes meaning "unsupported protocol version" (3.1.1 return code 1, MQTT 5 reason 0x84).
+_UNSUPPORTED_VERSION = {1, 0x84}
+#: ``protocol="auto"``: a TCP connection without CONNACK for this long counts as a refusal of MQTT 5 (amqtt
+#: neither answers nor closes an MQTT 5 CONNECT with properties).
+CONNACK_TIMEOUT = 3.0
+
+
+def subscription_topic(shared_group: str | None = None) -> str:
+    """``haarvest/v1/reports/+``, or ``$share/<group>/haarvest/v1/reports/+`` for a shared subscription."""
+    if shared_group is None:
+        return REPORTS_WILDCARD
+    if not shared_group or any(c in shared_group for c in "/+#"):
+        raise ValueError(f"bad shared-subscription group {shared_group!r}")
+    return f"$share/{shared_group}/{REPORTS_WILDCARD}"
+
+
+@dataclass
+class IngestSettings:
+    host: str = "127.0.0.1"
+    port: int = 1883
+    client_id: str = "haarvest-coordinator"
+    shared_group: str | None = None
+    batch_size: int = 1000
+    batch_ms: float = 20.0
+    keepalive: int = 30
+    receive_maximum: int = 10000
+    username: str | None = None
+    password: str | None = None
+    tls_ca: str | None = None  # CA file; given (or tls_cert, or tls) → TLS
+    tls_cert: str | None = None  # client certificate (PEM), presented to the broker; with tls_key
+    tls_key: str | None = None  # the client certificate's private key (PEM)
+    tls: bool = False  # TLS with the system's CAs when no tls_ca is given
+    protocol: str = "5"  # "5", "3.1.1" (cheaper per message; amqtt) or "auto"
+
+    @property
+    def use_tls(self) -> bool:
+        return self.tls or self.tls_ca is not None or self.tls_cert is not None
+
+    def check(self) -> None:
+        """ValueError for settings that cannot work."""
+        if self.batch_size < 1 or self.batch_ms <= 0:
+            raise ValueError("batch_size must be >= 1 and batch_ms > 0")
+        if self.protocol not in ("5", "3.1.1", "auto"):
+            raise ValueError(f"protocol must be '5', '3.1.1' or 'auto', got {self.protocol!r}")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ValueError("tls_key without tls_cert")
+        subscription_topic(self.shared_group)
+
+
+class Receiver:
+    """The receiving end: one paho client, the batches in flight, and the pipe to the coordinator."""
+
+    def __init__(self, settings: IngestSettings, conn: Connection) -> None:
+        settings.check()
+        self.settings = settings
+        self.conn = conn
+        self.topic = subscription_topic(settings.shared_group)
+        self._send_lock = threading.Lock()
+        self._batch_lock = threading.Lock()  # the pending batch; batches leave one at a time, in arrival order
+        self._pending: list[tuple[str, bytes, int, int, int]] = []  # topic, payload, mid, qos, generation
+        self._pending_since = 0.0
+        self._batch_s = settings.batch_ms / 1000.0
+        self._in_flight: dict[int, list[tuple[int, int, int]]] = {}  # batch id → (mid, qos, generation)
+        self._room = threading.Condition()
+        self._next_batch = 0
+        self._generation = 0
+        self._stopping = threading.Event()
+        self._abandoned = False
+        self._flush_thread = threading.Thread(target=self._flusher, name="haarvest-receiver-flush", daemon=True)
+        self.protocol = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
+        self._version_failures = 0
+        self._connacked = False
+        self.client = self._make_client()
+
+    # ------------------------------------------------------------------ the pipe
+    def _send(self, msg: tuple) -> None:
+        try:
+            with self._send_lock:
+                self.conn.send(msg)
+        except OSError:
+            self._coordinator_gone()
+
+    def _coordinator_gone(self) -> None:
+        """The coordinator died: exit now, acknowledging nothing (the broker redelivers what was in flight)."""
+        os._exit(1)
+
+    # ------------------------------------------------------------------ the MQTT client
+    def _make_client(self) -> mqtt.Client:
+        s = self.settings
+        v5 = self.protocol == mqtt.MQTTv5
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=self.protocol,
+                             clean_session=None if v5 else False, manual_ack=True)
+        client.max_queued_messages_set(0)
+        if s.username:
+            client.username_pw_set(s.username, s.password)
+        if s.use_tls:
+            client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
+        client.reconnect_delay_set(0.1, 5)
+        return client
+
+    def _connect_async(self) -> None:
+        if self.protocol == mqtt.MQTTv5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = SESSION_EXPIRY
+            props.ReceiveMaximum = self.settings.receive_maximum
+            self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive,
+                                      clean_start=False, properties=props)
+        else:
+            self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive)
+
+    def start(self) -> None:
+        """Connect and subscribe (paho's network thread); with ``protocol="auto"``, fall back to MQTT 3.1.1 when the
+        broker refuses MQTT 5. Returns at once for the fixed protocols; reports ``subscribed`` over the pipe."""
+        self._flush_thread.start()
+        self._connect_async()
+        self.client.loop_start()
+        if self.settings.protocol == "auto":
+            started = time.monotonic()
+            while not self._connacked and self.protocol == mqtt.MQTTv5 and not self._stopping.is_set():
+                silent = self.client.socket() is not None and time.monotonic() - started > CONNACK_TIMEOUT
+                if self._version_failures >= 2 or silent:
+                    self._fall_back()
+                    break
+                time.sleep(0.05)
+
+    def _fall_back(self) -> None:
+        """Switch to MQTT 3.1.1 for good (the broker does not speak MQTT 5)."""
+        log.warning("broker refused MQTT 5: falling back to MQTT 3.1.1")
+        old = self.client
+        old.loop_stop()
+        try:
+            old.disconnect()
+        except Exception:  # noqa: BLE001 - the old connection is being discarded
+            pass
+        self.protocol = mqtt.MQTTv311
+        self.client = self._make_client()
+        self._connect_async()
+        self.client.loop_start()
+
+    # ------------------------------------------------------------------ paho callbacks (network thread)
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
+        if reason_code.is_failure:
+            if reason_code.value in _UNSUPPORTED_VERSION:
+                self._version_failures += 1
+            log.warning("MQTT connect refused: %s", reason_code)
+            return
+        self._connacked = True
+        with self._batch_lock:
+            self._generation += 1  # what the earlier connections delivered is never acknowledged on this one
+        self._send(("status", True, self.protocol))
+        if self.protocol == mqtt.MQTTv5:
+            client.subscribe(self.topic, options=SubscribeOptions(qos=1))
+        else:
+            client.subscribe(self.topic, qos=1)
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
+        if all(not rc.is_failure for rc in reason_codes):
+            self._send(("subscribed",))
+        else:
+            log.error("subscription to %s refused: %s", self.topic, reason_codes)
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
+        if not self._connacked:
+            self._version_failures += 1  # closed before any CONNACK: e.g. a 3.1.1-only broker seeing MQTT 5
+        self._send(("status", False, self.protocol))
+
+    def _on_message(self, client, userdata, msg) -> None:  # noqa: ANN001
+        if self._stopping.is_set():
+            return  # not acknowledged: the broker redelivers it to the next session
+        try:
+            topic = msg.topic
+        except UnicodeDecodeError:
+            topic = ""
+        with self._batch_lock:
+            now = time.monotonic()
+            if not self._pending:
+                self._pending_since = now
+            self._pending.append((topic, msg.payload, msg.mid, msg.qos, self._generation))
+            if len(self._pending) >= self.settings.batch_size or now - self._pending_since >= self._batch_s:
+                self._hand_over_locked()
+
+    # ------------------------------------------------------------------ batches
+    def _flusher(self) -> None:
+        """Hand over a pending batch that no further message came to close, once its first message is twice
+        ``batch_ms`` old (under load the network thread does it at ``batch_ms``); on stop, what is pending."""
+        while True:
+            stopping = self._stopping.wait(self._batch_s / 2)
+            with self._batch_lock:
+                if self._pending and (stopping or time.monotonic() - self._pending_since >= 2 * self._batch_s):
+                    self._hand_over_locked()
+            if stopping:
+                return
+
+    def _hand_over_locked(self) -> None:
+        batch, self._pending = self._pending, []
+        with self._room:
+            while len(self._in_flight) >= MAX_BATCHES_IN_FLIGHT and not self._abandoned:
+                self._room.wait(0.1)
+            if self._abandoned:
+                return  # stopping without draining: never acknowledged, the broker redelivers it
+            batch_id = self._next_batch
+            self._next_batch += 1
+            self._in_flight[batch_id] = [(mid, qos, gen) for _, _, mid, qos, gen in batch]
+        self._send(("batch", batch_id, [(topic, payload) for topic, payload, _, _, _ in batch]))
+
+    def _settle(self, batch_id: int) -> None:
+        """The coordinator committed ``batch_id``: acknowledge what of it arrived on the current connection."""
+        with self._room:
+            acks = self._in_flight.pop(batch_id, [])
+            self._room.notify_all()
+        generation = self._generation
+        for mid, qos, gen in acks:
+            if qos > 0 and gen == generation:
+                self.client.ack(mid, qos)
+
+    # ------------------------------------------------------------------ the coordinator's requests
+    def _publish(self, request: int, topic: str, payload: bytes, retain: bool, qos: int, timeout: float) -> None:
+        error = None
+        try:
+            self.client.publish(topic, payload, qos=qos, retain=retain).wait_for_publish(timeout)
+        except Exception as exc:  # noqa: BLE001 - reported to the coordinator, which raises it
+            error = f"{type(exc).__name__}: {exc}"
+        self._send(("published", request, error))
+
+    def serve(self) -> None:
+        """Answer the coordinator until it says stop (or dies). A draining stop lets the flusher hand over what is
+        pending and waits (≤ :data:`DRAIN_TIMEOUT`) until every batch handed over is committed and acknowledged."""
+        drain_deadline: float | None = None
+        while True:
+            if drain_deadline is not None:
+                with self._room:
+                    drained = not self._in_flight and not self._flush_thread.is_alive()
+                if drained or time.monotonic() > drain_deadline:
+                    if not drained:
+                        log.warning("stopping with %d batches uncommitted: not acknowledged, the broker redelivers "
+                                    "them", len(self._in_flight))
+                    break
+                if not self.conn.poll(0.05):
+                    continue
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self._coordinator_gone()
+            kind = msg[0]
+            if kind == "done":
+                self._settle(msg[1])
+            elif kind == "publish":
+                threading.Thread(target=self._publish, args=msg[1:], daemon=True).start()
+            elif kind == "stop":
+                self._stopping.set()
+                if not msg[1]:
+                    break
+                drain_deadline = time.monotonic() + DRAIN_TIMEOUT
+        with self._room:
+            self._abandoned = True  # a network thread waiting for room gives up its batch (not acknowledged)
+            self._room.notify_all()
+        self._stopping.set()
+        self.client.disconnect()
+        self.client.loop_stop()
+        self._send(("stopped",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m coordinator.mqtt_receiver <fd>``: serve the coordinator on the socket at file descriptor ``fd``."""
+    argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="haarvest mqtt receiver: %(levelname)s %(message)s")
+    conn = Connection(socket.socket(fileno=int(argv[0])).detach())
+    kind, values = conn.recv()
+    assert kind == "settings", kind
+    receiver = Receiver(IngestSettings(**values), conn)
+    receiver.start()
+    receiver.serve()
+    conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
