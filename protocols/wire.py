@@ -390,7 +390,7 @@ def verify_report(report: Report, topic: str, key: VerifyKey, payload: bytes | N
     order) falls back to the canonical re-encoding, whose check is authoritative; a failed cut check costs a
     second signature check only if the cut text differs from the canonical one."""
     sig = report.sig
-    if payload is not None and sig:
+    if isinstance(payload, (bytes, bytearray)) and sig:
         needle = b',"sig":"' + sig.encode() + b'",'
         at = payload.find(needle)
         if at > 0:

@@ -202,3 +202,8 @@ def test_verify_from_received_bytes_moving_the_signature_is_caught(algorithm):
         accepted += 1
         assert report == original, variant
     assert accepted >= 2  # the honest place and other top-level places (canonical fallback)
+
+
+def test_verify_with_a_text_payload_uses_the_canonical_check():
+    payload, topic, verify = _signed("hmac-sha256", {"y": [0.5]})
+    wire.verify_report(wire.decode_report(payload.decode()), topic, verify, payload.decode())
