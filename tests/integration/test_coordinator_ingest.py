@@ -124,6 +124,17 @@ def _stored(db: Path) -> list[tuple[str, int]]:
         conn.close()
 
 
+def _enrolled_round_reports(db: Path, n_devices: int) -> list[tuple[str, bytes]]:
+    """Enrol ``n_devices`` simulated devices in the store at ``db``, open round r1; their signed reports for it."""
+    fleet = SimFleet(n_devices)
+    store = SQLiteStore(db)
+    for rec in fleet.enrollment():
+        store.upsert_device(rec["device_id"], rec["public_key"])
+    RoundManager(store, wire.generate_signing_key()).open_round("r1", 1.5, PARAMS)
+    store.close()
+    return signed_reports(fleet, "r1")
+
+
 def _receiver_pids(coordinator_pid: int) -> list[int]:
     """The coordinator's MQTT receiver process(es)."""
     out = subprocess.run(["pgrep", "-P", str(coordinator_pid), "-f", "coordinator.mqtt_receiver"],
@@ -145,13 +156,7 @@ def test_sigkill_mid_stream_loses_nothing_and_counts_nothing_twice(mosquitto, tm
     """SIGKILL mid-stream — the coordinator (its receiver must exit with it; a new coordinator is started) or its
     MQTT receiver process alone (the coordinator restarts it): every report stored once, none rejected."""
     db, key = tmp_path / "coord.db", tmp_path / "coord.key"
-    fleet = SimFleet(700)
-    store = SQLiteStore(db)
-    for rec in fleet.enrollment():
-        store.upsert_device(rec["device_id"], rec["public_key"])
-    RoundManager(store, wire.generate_signing_key()).open_round("r1", 1.5, PARAMS)
-    store.close()
-    reports = signed_reports(fleet, "r1")
+    reports = _enrolled_round_reports(db, 700)
     published = {(json.loads(p)["device_id"], json.loads(p)["seq"]) for _, p in reports}
 
     proc = _start_coordinator(db, key, mosquitto.port, tmp_path / "coord.log", protocol)
@@ -208,13 +213,7 @@ def test_sigterm_to_the_process_group_stops_in_order(mosquitto, tmp_path):
     """A service manager signals the whole group: the receiver ignores it, the coordinator stops it in order (what
     was received is committed and acknowledged) and exits 0; nothing is left running."""
     db, key = tmp_path / "coord.db", tmp_path / "coord.key"
-    fleet = SimFleet(200)
-    store = SQLiteStore(db)
-    for rec in fleet.enrollment():
-        store.upsert_device(rec["device_id"], rec["public_key"])
-    RoundManager(store, wire.generate_signing_key()).open_round("r1", 1.5, PARAMS)
-    store.close()
-    reports = signed_reports(fleet, "r1")
+    reports = _enrolled_round_reports(db, 200)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--db", str(db), "--key", str(key),
