@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -32,7 +33,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from coordinator.metrics import Metrics
-from coordinator.mqtt_receiver import MAX_BATCHES_IN_FLIGHT, IngestSettings, subscription_topic
+from coordinator.mqtt_receiver import (DRAIN_TIMEOUT, MAX_BATCHES_IN_FLIGHT, IngestSettings, new_client,
+                                      subscription_topic)
 from coordinator.store import Store, StoredReport
 from coordinator.validate import DUPLICATE, Validator
 from protocols import wire
@@ -43,14 +45,63 @@ log = logging.getLogger(__name__)
 
 #: Back-off between attempts at a batch that failed (the store unavailable): first wait, and the cap.
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 10.0
-#: Wait before restarting a receiver process that died.
-RESTART_DELAY_S = 1.0
+#: Wait before restarting a receiver process that died: first wait, and the cap.
+RESTART_FIRST_S, RESTART_MAX_S = 1.0, 30.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 
 
+class _Link:
+    """One receiver process and our end of its pipe. Replies to a batch go back on the link it came from: a batch
+    of a receiver that has since died is committed but acknowledged by nobody (the broker redelivers it)."""
+
+    def __init__(self, settings: IngestSettings) -> None:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "coordinator.mqtt_receiver", str(theirs.fileno())],
+                                         pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.conn = Connection(ours.detach())
+        self._lock = threading.Lock()
+        self.alive = True
+        self.send(("settings", asdict(settings)))
+
+    def send(self, msg: tuple) -> bool:
+        """Send ``msg``; False if the receiver is gone."""
+        with self._lock:
+            if not self.alive:
+                return False
+            try:
+                self.conn.send(msg)
+                return True
+            except OSError:
+                self.alive = False
+                return False
+
+    def exit_code(self) -> int | None:
+        try:
+            return self.proc.wait(1)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self, grace: float = 10.0) -> None:
+        with self._lock:
+            self.alive = False
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.conn.close()
+
+
 class IngestWorker:
-    """One MQTT ingest worker: a receiver process (the MQTT client) and, here, a thread that validates, commits and
-    answers ``done``."""
+    """One MQTT ingest worker: a receiver process (the MQTT client) and, here, a reader thread (the receiver's
+    messages: batches, status, publish confirmations) and a commit thread (validate, commit, answer ``done``)."""
 
     def __init__(self, settings: IngestSettings, store: Store, validator: Validator, metrics: Metrics | None = None) -> None:
         settings.check()
@@ -61,77 +112,72 @@ class IngestWorker:
         self.topic = subscription_topic(settings.shared_group)
         #: the MQTT protocol version in use (4 = 3.1.1, 5), as the receiver reports it
         self.protocol = 4 if settings.protocol == "3.1.1" else 5
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # abandon: commit nothing more
+        self._stopping = False  # no restart of the receiver from now on
         self._subscribed = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._proc: subprocess.Popen | None = None
-        self._conn: Connection | None = None
-        self._send_lock = threading.Lock()
+        self._link: _Link | None = None
+        self._batches: queue.Queue = queue.Queue()  # (link, batch id, batch) or None: the reader has finished
+        self._reader: threading.Thread | None = None
+        self._committer: threading.Thread | None = None
         self._requests: dict[int, list] = {}  # publish request id → [Event, error]
         self._request_ids = itertools.count()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, wait: float = 10.0) -> None:
-        """Start the receiver process and the commit thread; wait until the receiver is subscribed."""
+        """Start the receiver process and the threads; wait until the receiver is subscribed. A bad TLS file or
+        option raises here; a receiver that exits before it subscribes raises RuntimeError."""
+        new_client(self.settings, 4 if self.settings.protocol == "3.1.1" else 5)  # raises on bad TLS settings
         self._stop.clear()
+        self._stopping = False
         self._subscribed.clear()
-        self._spawn()
-        self._thread = threading.Thread(target=self._run, name="haarvest-ingest", daemon=True)
-        self._thread.start()
-        if wait and not self._subscribed.wait(wait):
-            self.stop(drain=False)
-            raise TimeoutError(f"could not subscribe on {self.settings.host}:{self.settings.port} in {wait}s")
-
-    def _spawn(self) -> None:
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
-        self._proc = subprocess.Popen([sys.executable, "-m", "coordinator.mqtt_receiver", str(theirs.fileno())],
-                                      pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
-        theirs.close()
-        with self._send_lock:
-            self._conn = Connection(ours.detach())
-        self._send(("settings", asdict(self.settings)))
+        self._batches = queue.Queue()
+        self._link = _Link(self.settings)
+        self._reader = threading.Thread(target=self._read, name="haarvest-ingest-read", daemon=True)
+        self._committer = threading.Thread(target=self._commit, name="haarvest-ingest-commit", daemon=True)
+        self._reader.start()
+        self._committer.start()
+        if not wait:
+            return
+        deadline = time.monotonic() + wait
+        while not self._subscribed.wait(0.05):
+            link = self._link
+            if link is not None and link.proc.poll() is not None:
+                code = link.proc.returncode
+                self.stop(drain=False)
+                raise RuntimeError(f"the MQTT receiver process exited (code {code}) before it subscribed; see its "
+                                   "messages above")
+            if time.monotonic() > deadline:
+                self.stop(drain=False)
+                raise TimeoutError(f"could not subscribe on {self.settings.host}:{self.settings.port} in {wait}s")
 
     def stop(self, drain: bool = True) -> None:
         """Stop: with ``drain``, commit and acknowledge what was received first; then the receiver disconnects."""
+        self._stopping = True
         if not drain:
             self._stop.set()  # a failing batch is abandoned, nothing more is committed
-        if self._thread is not None:
-            try:
-                self._send(("stop", drain))
-            except RuntimeError:  # the receiver is being restarted
-                self._stop.set()
-            self._thread.join(30)
-            if self._thread.is_alive():  # still retrying a batch the store refuses: abandon it
-                self._stop.set()
-                self._thread.join(30)
-            self._thread = None
+        link = self._link
+        if link is not None and not link.send(("stop", drain)):
+            self._stop.set()  # the receiver is gone: nothing it handed over can be acknowledged any more
+        for thread in (self._reader, self._committer):
+            if thread is not None:
+                thread.join(DRAIN_TIMEOUT + 10)
+                if thread.is_alive():  # still retrying a batch the store refuses: abandon it
+                    self._stop.set()
+                    thread.join(30)
+        self._reader = self._committer = None
         self._stop.set()
-        self._reap()
+        if self._link is not None:
+            self._link.close()
+            self._link = None
         self.metrics.connected = False
 
     def abort(self) -> None:
         """Kill the receiver without acknowledging anything in flight (tests: simulate a crash)."""
+        self._stopping = True
         self._stop.set()
-        if self._proc is not None:
-            self._proc.kill()
-        if self._thread is not None:
-            self._thread.join(30)
-            self._thread = None
-        self._reap()
-
-    def _reap(self) -> None:
-        if self._proc is not None:
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(10)
-            self._proc = None
-        with self._send_lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        if self._link is not None:
+            self._link.proc.kill()
+        self.stop(drain=False)
 
     def publish(self, topic: str, payload: bytes, retain: bool = False, qos: int = 1, timeout: float = 10.0) -> None:
         """Publish through the receiver's connection; waits for the PUBACK (at most ``timeout``)."""
@@ -139,7 +185,9 @@ class IngestWorker:
         waiter: list = [threading.Event(), None]
         self._requests[request] = waiter
         try:
-            self._send(("publish", request, topic, payload, retain, qos, timeout))
+            link = self._link
+            if link is None or not link.send(("publish", request, topic, payload, retain, qos, timeout)):
+                raise RuntimeError(f"publish to {topic} failed: the MQTT receiver is not running (restarting?)")
             if not waiter[0].wait(timeout + 5):
                 raise TimeoutError(f"publish to {topic} not confirmed in {timeout}s")
         finally:
@@ -147,52 +195,68 @@ class IngestWorker:
         if waiter[1] is not None:
             raise RuntimeError(f"publish to {topic} failed: {waiter[1]}")
 
-    def _send(self, msg: tuple) -> None:
-        with self._send_lock:
-            conn = self._conn
-            if conn is None:
-                raise RuntimeError("the ingest worker is not running")
+    # ------------------------------------------------------------------ threads
+    def _read(self) -> None:
+        """The receiver's messages, in order: batches go to the commit thread, the rest is handled here (so that a
+        publish confirmation never waits behind a commit). A receiver that dies is restarted (back-off 1 s doubling
+        to 30 s) unless stopping."""
+        delay = RESTART_FIRST_S
+        link = self._link
+        while link is not None:
             try:
-                conn.send(msg)
-            except OSError as exc:
-                log.warning("the MQTT receiver is gone (%s)", exc)
-
-    # ------------------------------------------------------------------ the commit thread
-    def _run(self) -> None:
-        """Take the receiver's messages in order: commit batches (answering ``done``), note its status; restart it
-        if it dies."""
-        while True:
-            conn = self._conn
-            if conn is None:
-                return
-            try:
-                msg = conn.recv()
+                msg = link.conn.recv()
             except (EOFError, OSError):
-                if self._stop.is_set():
-                    return
-                code = self._proc.poll() if self._proc is not None else None
-                log.error("the MQTT receiver process died (exit code %s); restarting it", code)
+                link.alive = False
+                if self._stopping:
+                    break
                 self.metrics.connected = False
-                self._reap()
-                if self._stop.wait(RESTART_DELAY_S):
-                    return
-                self._spawn()
+                log.error("the MQTT receiver process died (exit code %s); restarting it in %.0f s",
+                          link.exit_code(), delay)
+                while not self._stop.wait(delay):
+                    delay = min(2 * delay, RESTART_MAX_S)
+                    if self._stopping:
+                        break
+                    try:
+                        link = self._link = _Link(self.settings)
+                        if self._stopping:  # stop() may have looked at the dead link just before
+                            link.send(("stop", False))
+                        break
+                    except Exception:  # noqa: BLE001 - out of processes/fds: keep trying
+                        log.exception("could not restart the MQTT receiver; retrying in %.0f s", delay)
+                else:
+                    break
+                if self._stopping:
+                    break
                 continue
             kind = msg[0]
             if kind == "batch":
-                if self._process(msg[2]):
-                    self._send(("done", msg[1]))
+                self._batches.put((link, msg[1], msg[2]))
             elif kind == "status":
                 self.metrics.connected, self.protocol = msg[1], msg[2]
             elif kind == "subscribed":
                 self._subscribed.set()
+                delay = RESTART_FIRST_S
             elif kind == "published":
                 waiter = self._requests.get(msg[1])
                 if waiter is not None:
                     waiter[1] = msg[2]
                     waiter[0].set()
             elif kind == "stopped":
+                break
+        self._batches.put(None)
+
+    def _commit(self) -> None:
+        """Commit the batches in arrival order and answer ``done`` on the link each came from; after an abandon
+        (:meth:`stop` without drain, or a stop while a batch keeps failing) nothing more is committed."""
+        while True:
+            item = self._batches.get()
+            if item is None:
                 return
+            link, batch_id, batch = item
+            if self._stop.is_set():
+                continue  # abandoned: later batches must not commit ahead of it (their seqs would pass it)
+            if self._process(batch):
+                link.send(("done", batch_id))
 
     def _process(self, batch: list[tuple[str, bytes]]) -> bool:
         """Validate, commit and acknowledge ``batch`` — retried until it commits (or the worker stops).

@@ -53,7 +53,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-__all__ = ["IngestSettings", "Receiver", "subscription_topic", "REPORTS_WILDCARD"]
+__all__ = ["IngestSettings", "Receiver", "new_client", "subscription_topic", "REPORTS_WILDCARD"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,23 @@ class IngestSettings:
         subscription_topic(self.shared_group)
 
 
+def new_client(settings: IngestSettings, protocol: int) -> mqtt.Client:
+    """The paho client ``settings`` describe (persistent session, manual acknowledgements, TLS), not connected.
+
+    The coordinator builds one and discards it before it starts the receiver, so that a bad TLS file or option
+    raises there and then rather than in the receiver process."""
+    v5 = protocol == mqtt.MQTTv5
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=protocol,
+                         clean_session=None if v5 else False, manual_ack=True)
+    client.max_queued_messages_set(0)
+    if settings.username:
+        client.username_pw_set(settings.username, settings.password)
+    if settings.use_tls:
+        client.tls_set(ca_certs=settings.tls_ca, certfile=settings.tls_cert, keyfile=settings.tls_key)
+    client.reconnect_delay_set(0.1, 5)
+    return client
+
+
 class Receiver:
     """The receiving end: one paho client, the batches in flight, and the pipe to the coordinator."""
 
@@ -133,6 +150,8 @@ class Receiver:
         self._generation = 0
         self._stopping = threading.Event()
         self._abandoned = False
+        self._ack_lock = threading.Lock()  # the connection generation, and the PUBACKs sent under it
+        self._client_lock = threading.Lock()  # the client object (replaced once by the MQTT 3.1.1 fall-back)
         self._flush_thread = threading.Thread(target=self._flusher, name="haarvest-receiver-flush", daemon=True)
         self.protocol = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
         self._version_failures = 0
@@ -153,20 +172,11 @@ class Receiver:
 
     # ------------------------------------------------------------------ the MQTT client
     def _make_client(self) -> mqtt.Client:
-        s = self.settings
-        v5 = self.protocol == mqtt.MQTTv5
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=self.protocol,
-                             clean_session=None if v5 else False, manual_ack=True)
-        client.max_queued_messages_set(0)
-        if s.username:
-            client.username_pw_set(s.username, s.password)
-        if s.use_tls:
-            client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
+        client = new_client(self.settings, self.protocol)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
-        client.reconnect_delay_set(0.1, 5)
         return client
 
     def _connect_async(self) -> None:
@@ -180,33 +190,42 @@ class Receiver:
             self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive)
 
     def start(self) -> None:
-        """Connect and subscribe (paho's network thread); with ``protocol="auto"``, fall back to MQTT 3.1.1 when the
-        broker refuses MQTT 5. Returns at once for the fixed protocols; reports ``subscribed`` over the pipe."""
+        """Connect and subscribe (paho's network thread) and return at once; reports ``subscribed`` over the pipe.
+        With ``protocol="auto"`` a thread watches the first connection and falls back to MQTT 3.1.1 when the broker
+        refuses MQTT 5 (while the broker is unreachable it keeps waiting; the pipe is served meanwhile)."""
         self._flush_thread.start()
         self._connect_async()
         self.client.loop_start()
         if self.settings.protocol == "auto":
-            started = time.monotonic()
-            while not self._connacked and self.protocol == mqtt.MQTTv5 and not self._stopping.is_set():
-                silent = self.client.socket() is not None and time.monotonic() - started > CONNACK_TIMEOUT
-                if self._version_failures >= 2 or silent:
-                    self._fall_back()
-                    break
-                time.sleep(0.05)
+            threading.Thread(target=self._detect_protocol, name="haarvest-receiver-auto", daemon=True).start()
+
+    def _detect_protocol(self) -> None:
+        connected_at: float | None = None  # first time a TCP connection exists without a CONNACK yet
+        while not self._connacked and not self._stopping.is_set():
+            if self.client.socket() is not None and connected_at is None:
+                connected_at = time.monotonic()
+            silent = connected_at is not None and time.monotonic() - connected_at > CONNACK_TIMEOUT
+            if self._version_failures >= 2 or silent:
+                self._fall_back()
+                return
+            time.sleep(0.05)
 
     def _fall_back(self) -> None:
         """Switch to MQTT 3.1.1 for good (the broker does not speak MQTT 5)."""
-        log.warning("broker refused MQTT 5: falling back to MQTT 3.1.1")
-        old = self.client
-        old.loop_stop()
-        try:
-            old.disconnect()
-        except Exception:  # noqa: BLE001 - the old connection is being discarded
-            pass
-        self.protocol = mqtt.MQTTv311
-        self.client = self._make_client()
-        self._connect_async()
-        self.client.loop_start()
+        with self._client_lock:
+            if self._stopping.is_set():
+                return
+            log.warning("broker refused MQTT 5: falling back to MQTT 3.1.1")
+            old = self.client
+            old.loop_stop()
+            try:
+                old.disconnect()
+            except Exception:  # noqa: BLE001 - the old connection is being discarded
+                pass
+            self.protocol = mqtt.MQTTv311
+            self.client = self._make_client()
+            self._connect_async()
+            self.client.loop_start()
 
     # ------------------------------------------------------------------ paho callbacks (network thread)
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
@@ -216,7 +235,7 @@ class Receiver:
             log.warning("MQTT connect refused: %s", reason_code)
             return
         self._connacked = True
-        with self._batch_lock:
+        with self._ack_lock:
             self._generation += 1  # what the earlier connections delivered is never acknowledged on this one
         self._send(("status", True, self.protocol))
         if self.protocol == mqtt.MQTTv5:
@@ -279,10 +298,11 @@ class Receiver:
         with self._room:
             acks = self._in_flight.pop(batch_id, [])
             self._room.notify_all()
-        generation = self._generation
-        for mid, qos, gen in acks:
-            if qos > 0 and gen == generation:
-                self.client.ack(mid, qos)
+        with self._ack_lock:  # no reconnect between reading the generation and queueing the PUBACKs
+            generation = self._generation
+            for mid, qos, gen in acks:
+                if qos > 0 and gen == generation:
+                    self.client.ack(mid, qos)
 
     # ------------------------------------------------------------------ the coordinator's requests
     def _publish(self, request: int, topic: str, payload: bytes, retain: bool, qos: int, timeout: float) -> None:
@@ -326,8 +346,9 @@ class Receiver:
             self._abandoned = True  # a network thread waiting for room gives up its batch (not acknowledged)
             self._room.notify_all()
         self._stopping.set()
-        self.client.disconnect()
-        self.client.loop_stop()
+        with self._client_lock:
+            self.client.disconnect()
+            self.client.loop_stop()
         self._send(("stopped",))
 
 

@@ -1,0 +1,101 @@
+"""The coordinator's MQTT receiver process under faults: a broker that is down, bad TLS files, a receiver that dies
+just before a stop, a publish while a batch keeps failing to commit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from coordinator.ingest import IngestSettings, IngestWorker
+from coordinator.store import SQLiteStore
+from coordinator.validate import Validator
+from tests.brokers import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _children() -> list[str]:
+    return subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "coordinator.mqtt_receiver"], capture_output=True,
+                          text=True).stdout.split()
+
+
+def _worker(tmp_path, **settings) -> IngestWorker:
+    store = SQLiteStore(tmp_path / "coord.db")
+    return IngestWorker(IngestSettings(**settings), store, Validator(store))
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1", "auto"])
+def test_broker_down_at_start_times_out_promptly_and_leaves_nothing_running(tmp_path, protocol):
+    worker = _worker(tmp_path, port=free_port(), protocol=protocol)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="could not subscribe"):
+        worker.start(wait=2)
+    assert time.monotonic() - t0 < 8
+    assert _children() == []
+
+
+def test_bad_tls_file_raises_in_the_coordinator(tmp_path):
+    worker = _worker(tmp_path, port=free_port(), tls_ca=str(tmp_path / "missing-ca.pem"))
+    with pytest.raises((FileNotFoundError, OSError)):
+        worker.start(wait=5)
+    assert _children() == []
+
+
+def test_a_receiver_dying_before_it_subscribes_is_reported(tmp_path, monkeypatch):
+    worker = _worker(tmp_path, port=free_port())
+    monkeypatch.setattr("coordinator.ingest.sys.executable", "/bin/false")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited"):
+        worker.start(wait=10)
+    assert time.monotonic() - t0 < 5
+
+
+def test_stop_right_after_the_receiver_died_is_prompt(mosquitto, tmp_path):
+    worker = _worker(tmp_path, port=mosquitto.port, protocol="3.1.1")
+    worker.start()
+    os.kill(worker._link.proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    worker.stop()
+    assert time.monotonic() - t0 < 5
+    assert _children() == []
+
+
+def test_publish_is_confirmed_while_a_batch_keeps_failing(mosquitto, tmp_path):
+    """Publish confirmations do not queue behind a batch the store refuses (it is retried meanwhile)."""
+    worker = _worker(tmp_path, port=mosquitto.port, protocol="3.1.1")
+    failing = threading.Event()
+
+    def refuse(*args, **kwargs):
+        failing.set()
+        raise OSError("disk full")
+
+    worker.store.commit_batch = refuse
+    worker.start()
+    got = []
+    sub = mqtt.Client(CallbackAPIVersion.VERSION2)
+    sub.on_message = lambda c, u, m: got.append(m.payload)
+    sub.connect("127.0.0.1", mosquitto.port)
+    sub.subscribe("test/round", qos=1)
+    sub.loop_start()
+    pub = mqtt.Client(CallbackAPIVersion.VERSION2)
+    pub.connect("127.0.0.1", mosquitto.port)
+    pub.loop_start()
+    try:
+        pub.publish("haarvest/v1/reports/d1", b"{}", qos=1).wait_for_publish(5)
+        assert failing.wait(10)
+        t0 = time.monotonic()
+        worker.publish("test/round", b"round-config", retain=True, timeout=5)
+        assert time.monotonic() - t0 < 3
+    finally:
+        worker.stop(drain=False)
+        for client in (sub, pub):
+            client.disconnect()
+            client.loop_stop()
+    assert b"round-config" in got
