@@ -65,17 +65,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         mqtt_protocol=o.mqtt_protocol,
     )
     coord = Coordinator(config)
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
     try:
         coord.start()
-    except TimeoutError as exc:
+    except (TimeoutError, RuntimeError, OSError) as exc:  # no subscription; receiver exited; TLS file or option
         coord.close()
         tls = " with TLS" if o.tls else ""
         print(f"haarvest coordinator run: {exc} (broker {o.mqtt_host}:{o.mqtt_port}{tls}: is it running, and does "
               "it accept this client — certificate, user name, ACL?)", file=sys.stderr)
         return 1
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
     print(json.dumps({"status": "ready", "http": coord.http_url, "coordinator_public_key": coord.public_key}),
           flush=True)
     try:

@@ -33,8 +33,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from coordinator.metrics import Metrics
-from coordinator.mqtt_receiver import (DRAIN_TIMEOUT, MAX_BATCHES_IN_FLIGHT, IngestSettings, new_client,
-                                      subscription_topic)
+from coordinator.mqtt_receiver import MAX_BATCHES_IN_FLIGHT, IngestSettings, new_client, subscription_topic
 from coordinator.store import Store, StoredReport
 from coordinator.validate import DUPLICATE, Validator
 from protocols import wire
@@ -99,6 +98,19 @@ class _Link:
         self.conn.close()
 
 
+class _Run:
+    """One ``start()`` … ``stop()`` of an :class:`IngestWorker`. Its threads hold on to their run, so a thread that
+    outlives a timed-out stop (a store call that hangs) cannot touch the next run's receiver or batches."""
+
+    def __init__(self, link: _Link) -> None:
+        self.link = link  # replaced when a dead receiver is restarted
+        self.abandon = threading.Event()  # commit nothing more (set on every stop, once nothing can be acknowledged)
+        self.stopping = threading.Event()  # no receiver restart from now on
+        self.subscribed = threading.Event()
+        self.batches: queue.Queue = queue.Queue()  # (link, batch id, batch), or None: the reader has finished
+        self.threads: list[threading.Thread] = []
+
+
 class IngestWorker:
     """One MQTT ingest worker: a receiver process (the MQTT client) and, here, a reader thread (the receiver's
     messages: batches, status, publish confirmations) and a commit thread (validate, commit, answer ``done``)."""
@@ -112,13 +124,7 @@ class IngestWorker:
         self.topic = subscription_topic(settings.shared_group)
         #: the MQTT protocol version in use (4 = 3.1.1, 5), as the receiver reports it
         self.protocol = 4 if settings.protocol == "3.1.1" else 5
-        self._stop = threading.Event()  # abandon: commit nothing more
-        self._stopping = False  # no restart of the receiver from now on
-        self._subscribed = threading.Event()
-        self._link: _Link | None = None
-        self._batches: queue.Queue = queue.Queue()  # (link, batch id, batch) or None: the reader has finished
-        self._reader: threading.Thread | None = None
-        self._committer: threading.Thread | None = None
+        self._run: _Run | None = None
         self._requests: dict[int, list] = {}  # publish request id → [Event, error]
         self._request_ids = itertools.count()
 
@@ -126,23 +132,20 @@ class IngestWorker:
     def start(self, wait: float = 10.0) -> None:
         """Start the receiver process and the threads; wait until the receiver is subscribed. A bad TLS file or
         option raises here; a receiver that exits before it subscribes raises RuntimeError."""
+        if self._run is not None:
+            raise RuntimeError("the ingest worker is already running")
         new_client(self.settings, 4 if self.settings.protocol == "3.1.1" else 5)  # raises on bad TLS settings
-        self._stop.clear()
-        self._stopping = False
-        self._subscribed.clear()
-        self._batches = queue.Queue()
-        self._link = _Link(self.settings)
-        self._reader = threading.Thread(target=self._read, name="haarvest-ingest-read", daemon=True)
-        self._committer = threading.Thread(target=self._commit, name="haarvest-ingest-commit", daemon=True)
-        self._reader.start()
-        self._committer.start()
+        run = self._run = _Run(_Link(self.settings))
+        run.threads = [threading.Thread(target=self._read, args=(run,), name="haarvest-ingest-read", daemon=True),
+                       threading.Thread(target=self._commit, args=(run,), name="haarvest-ingest-commit", daemon=True)]
+        for thread in run.threads:
+            thread.start()
         if not wait:
             return
         deadline = time.monotonic() + wait
-        while not self._subscribed.wait(0.05):
-            link = self._link
-            if link is not None and link.proc.poll() is not None:
-                code = link.proc.returncode
+        while not run.subscribed.wait(0.05):
+            if run.link.proc.poll() is not None:
+                code = run.link.proc.returncode
                 self.stop(drain=False)
                 raise RuntimeError(f"the MQTT receiver process exited (code {code}) before it subscribed; see its "
                                    "messages above")
@@ -151,32 +154,29 @@ class IngestWorker:
                 raise TimeoutError(f"could not subscribe on {self.settings.host}:{self.settings.port} in {wait}s")
 
     def stop(self, drain: bool = True) -> None:
-        """Stop: with ``drain``, commit and acknowledge what was received first; then the receiver disconnects."""
-        self._stopping = True
-        if not drain:
-            self._stop.set()  # a failing batch is abandoned, nothing more is committed
-        link = self._link
-        if link is not None and not link.send(("stop", drain)):
-            self._stop.set()  # the receiver is gone: nothing it handed over can be acknowledged any more
-        for thread in (self._reader, self._committer):
-            if thread is not None:
-                thread.join(DRAIN_TIMEOUT + 10)
-                if thread.is_alive():  # still retrying a batch the store refuses: abandon it
-                    self._stop.set()
-                    thread.join(30)
-        self._reader = self._committer = None
-        self._stop.set()
-        if self._link is not None:
-            self._link.close()
-            self._link = None
+        """Stop: with ``drain``, commit and acknowledge what was received first (the receiver waits for that at most
+        ``settings.drain_timeout`` s); then the receiver disconnects. A batch the store keeps refusing is abandoned."""
+        run, self._run = self._run, None
+        if run is None:
+            return
+        run.stopping.set()
+        sent = run.link.send(("stop", drain))
+        if not drain or not sent:
+            run.abandon.set()  # nothing more to commit, or the receiver is gone and can acknowledge nothing
+        reader, committer = run.threads
+        reader.join(self.settings.drain_timeout + 10)  # "stopped" (or dead): nothing more can be acknowledged
+        run.abandon.set()
+        committer.join(30)
+        run.link.close()
         self.metrics.connected = False
 
     def abort(self) -> None:
         """Kill the receiver without acknowledging anything in flight (tests: simulate a crash)."""
-        self._stopping = True
-        self._stop.set()
-        if self._link is not None:
-            self._link.proc.kill()
+        run = self._run
+        if run is not None:
+            run.stopping.set()
+            run.abandon.set()
+            run.link.proc.kill()
         self.stop(drain=False)
 
     def publish(self, topic: str, payload: bytes, retain: bool = False, qos: int = 1, timeout: float = 10.0) -> None:
@@ -185,8 +185,8 @@ class IngestWorker:
         waiter: list = [threading.Event(), None]
         self._requests[request] = waiter
         try:
-            link = self._link
-            if link is None or not link.send(("publish", request, topic, payload, retain, qos, timeout)):
+            run = self._run
+            if run is None or not run.link.send(("publish", request, topic, payload, retain, qos, timeout)):
                 raise RuntimeError(f"publish to {topic} failed: the MQTT receiver is not running (restarting?)")
             if not waiter[0].wait(timeout + 5):
                 raise TimeoutError(f"publish to {topic} not confirmed in {timeout}s")
@@ -196,45 +196,28 @@ class IngestWorker:
             raise RuntimeError(f"publish to {topic} failed: {waiter[1]}")
 
     # ------------------------------------------------------------------ threads
-    def _read(self) -> None:
+    def _read(self, run: _Run) -> None:
         """The receiver's messages, in order: batches go to the commit thread, the rest is handled here (so that a
         publish confirmation never waits behind a commit). A receiver that dies is restarted (back-off 1 s doubling
         to 30 s) unless stopping."""
         delay = RESTART_FIRST_S
-        link = self._link
-        while link is not None:
+        while True:
+            link = run.link
             try:
                 msg = link.conn.recv()
             except (EOFError, OSError):
                 link.alive = False
-                if self._stopping:
+                if run.stopping.is_set() or not self._restart(run, link, delay):
                     break
-                self.metrics.connected = False
-                log.error("the MQTT receiver process died (exit code %s); restarting it in %.0f s",
-                          link.exit_code(), delay)
-                while not self._stop.wait(delay):
-                    delay = min(2 * delay, RESTART_MAX_S)
-                    if self._stopping:
-                        break
-                    try:
-                        link = self._link = _Link(self.settings)
-                        if self._stopping:  # stop() may have looked at the dead link just before
-                            link.send(("stop", False))
-                        break
-                    except Exception:  # noqa: BLE001 - out of processes/fds: keep trying
-                        log.exception("could not restart the MQTT receiver; retrying in %.0f s", delay)
-                else:
-                    break
-                if self._stopping:
-                    break
+                delay = min(2 * delay, RESTART_MAX_S)
                 continue
             kind = msg[0]
             if kind == "batch":
-                self._batches.put((link, msg[1], msg[2]))
+                run.batches.put((link, msg[1], msg[2]))
             elif kind == "status":
                 self.metrics.connected, self.protocol = msg[1], msg[2]
             elif kind == "subscribed":
-                self._subscribed.set()
+                run.subscribed.set()
                 delay = RESTART_FIRST_S
             elif kind == "published":
                 waiter = self._requests.get(msg[1])
@@ -243,32 +226,49 @@ class IngestWorker:
                     waiter[0].set()
             elif kind == "stopped":
                 break
-        self._batches.put(None)
+        run.batches.put(None)
 
-    def _commit(self) -> None:
-        """Commit the batches in arrival order and answer ``done`` on the link each came from; after an abandon
-        (:meth:`stop` without drain, or a stop while a batch keeps failing) nothing more is committed."""
+    def _restart(self, run: _Run, dead: _Link, delay: float) -> bool:
+        """Replace the dead receiver after ``delay`` (then again, with back-off, while it cannot be started); False
+        if the run stops meanwhile."""
+        self.metrics.connected = False
+        log.error("the MQTT receiver process died (exit code %s); restarting it in %.0f s", dead.exit_code(), delay)
+        while not run.stopping.wait(delay):
+            try:
+                run.link = _Link(self.settings)
+            except Exception:  # noqa: BLE001 - out of processes or file descriptors: keep trying
+                delay = min(2 * delay, RESTART_MAX_S)
+                log.exception("could not restart the MQTT receiver; retrying in %.0f s", delay)
+                continue
+            if run.stopping.is_set():  # stop() may have sent its "stop" to the dead receiver
+                run.link.send(("stop", False))
+            dead.close(0)
+            return True
+        return False
+
+    def _commit(self, run: _Run) -> None:
+        """Commit the batches in arrival order and answer ``done`` on the link each came from; once the run is
+        abandoned nothing more is committed (a later batch must not commit ahead of an abandoned one: its seqs
+        would pass the abandoned reports', whose redelivered copies would then be rejected as replays)."""
         while True:
-            item = self._batches.get()
+            item = run.batches.get()
             if item is None:
                 return
             link, batch_id, batch = item
-            if self._stop.is_set():
-                continue  # abandoned: later batches must not commit ahead of it (their seqs would pass it)
-            if self._process(batch):
+            if not run.abandon.is_set() and self._process(batch, run.abandon):
                 link.send(("done", batch_id))
 
-    def _process(self, batch: list[tuple[str, bytes]]) -> bool:
-        """Validate, commit and acknowledge ``batch`` — retried until it commits (or the worker stops).
+    def _process(self, batch: list[tuple[str, bytes]], abandon: threading.Event) -> bool:
+        """Validate, commit and acknowledge ``batch`` — retried until it commits (or ``abandon`` is set).
 
         A batch is never dropped: MQTT redelivers an unacknowledged message only when the session reconnects, so a
         dropped batch would stay unacknowledged in the broker's in-flight window (which then fills: delivery stops)
         while later reports of the same devices commit and raise their high-water marks past it — the redelivered
         copies would be rejected as replays. So while the store fails (a full disk, a PostgreSQL outage), the
-        batch is retried with back-off under the batch lock: nothing later is processed or acknowledged, the
-        broker holds the rest, ``/healthz`` says ``stalled``. Each retry starts from the store's state
-        (:meth:`Validator.reload`). On :meth:`stop` a failing batch is abandoned unacknowledged: the persistent
-        session redelivers it to the next run. True once committed."""
+        batch is retried with back-off: nothing later is processed or acknowledged, the broker holds the rest,
+        ``/healthz`` says ``stalled``. Each retry starts from the store's state (:meth:`Validator.reload`). On
+        :meth:`stop` a failing batch is abandoned unacknowledged: the persistent session redelivers it to the next
+        run. True once committed."""
         delay = RETRY_FIRST_S
         while True:
             try:
@@ -279,7 +279,7 @@ class IngestWorker:
                               len(batch))
                 self.metrics.record_failure()
             while True:  # the next attempt starts from the store's state: the failed one's reservations are void
-                if self._stop.wait(delay):
+                if abandon.wait(delay):
                     log.warning("stopping with a batch of %d uncommitted messages: not acknowledged, the broker "
                                 "redelivers them", len(batch))
                     return False

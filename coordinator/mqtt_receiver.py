@@ -30,7 +30,8 @@ The pipe (a socketpair carrying pickled tuples, :class:`multiprocessing.connecti
 
 * coordinator → receiver: ``("settings", dict)`` first; ``("done", batch_id)`` — committed, acknowledge it;
   ``("publish", request, topic, payload, retain, qos, timeout)``; ``("stop", drain)`` — with ``drain``, hand over
-  what is pending and wait (≤ :data:`DRAIN_TIMEOUT`) for its ``done``; then disconnect and exit.
+  what is pending and wait (≤ ``drain_timeout``, default :data:`DRAIN_TIMEOUT`) for its ``done``; then disconnect
+  and exit.
 * receiver → coordinator: ``("status", connected, protocol)``, ``("subscribed",)``,
   ``("batch", batch_id, [(topic, payload), ...])``, ``("published", request, error or None)``, ``("stopped",)``.
 """
@@ -98,6 +99,7 @@ class IngestSettings:
     tls_key: str | None = None  # the client certificate's private key (PEM)
     tls: bool = False  # TLS with the system's CAs when no tls_ca is given
     protocol: str = "5"  # "5", "3.1.1" (cheaper per message; amqtt) or "auto"
+    drain_timeout: float = DRAIN_TIMEOUT  # a draining stop waits this long for what was handed over to commit
 
     @property
     def use_tls(self) -> bool:
@@ -109,6 +111,8 @@ class IngestSettings:
             raise ValueError("batch_size must be >= 1 and batch_ms > 0")
         if self.protocol not in ("5", "3.1.1", "auto"):
             raise ValueError(f"protocol must be '5', '3.1.1' or 'auto', got {self.protocol!r}")
+        if self.drain_timeout < 0:
+            raise ValueError("drain_timeout must be >= 0")
         if self.tls_key is not None and self.tls_cert is None:
             raise ValueError("tls_key without tls_cert")
         subscription_topic(self.shared_group)
@@ -202,7 +206,9 @@ class Receiver:
     def _detect_protocol(self) -> None:
         connected_at: float | None = None  # first time a TCP connection exists without a CONNACK yet
         while not self._connacked and not self._stopping.is_set():
-            if self.client.socket() is not None and connected_at is None:
+            if self.client.socket() is None:
+                connected_at = None  # no connection (the broker down, or a retry pending): nothing to judge yet
+            elif connected_at is None:
                 connected_at = time.monotonic()
             silent = connected_at is not None and time.monotonic() - connected_at > CONNACK_TIMEOUT
             if self._version_failures >= 2 or silent:
@@ -315,7 +321,7 @@ class Receiver:
 
     def serve(self) -> None:
         """Answer the coordinator until it says stop (or dies). A draining stop lets the flusher hand over what is
-        pending and waits (≤ :data:`DRAIN_TIMEOUT`) until every batch handed over is committed and acknowledged."""
+        pending and waits (≤ ``drain_timeout``) until every batch handed over is committed and acknowledged."""
         drain_deadline: float | None = None
         while True:
             if drain_deadline is not None:
@@ -341,7 +347,7 @@ class Receiver:
                 self._stopping.set()
                 if not msg[1]:
                     break
-                drain_deadline = time.monotonic() + DRAIN_TIMEOUT
+                drain_deadline = time.monotonic() + self.settings.drain_timeout
         with self._room:
             self._abandoned = True  # a network thread waiting for room gives up its batch (not acknowledged)
             self._room.notify_all()

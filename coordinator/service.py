@@ -132,7 +132,11 @@ class Coordinator:
             return self
         if self.ingest is not None:
             self.ingest.start()
-            self.rounds.republish()
+            try:
+                self.rounds.republish()
+            except BaseException:
+                self.ingest.stop(drain=False)
+                raise
         if self.config.http_port is not None:
             from coordinator.api import ApiServer
 

@@ -60,7 +60,7 @@ def test_a_receiver_dying_before_it_subscribes_is_reported(tmp_path, monkeypatch
 def test_stop_right_after_the_receiver_died_is_prompt(mosquitto, tmp_path):
     worker = _worker(tmp_path, port=mosquitto.port, protocol="3.1.1")
     worker.start()
-    os.kill(worker._link.proc.pid, signal.SIGKILL)
+    os.kill(worker._run.link.proc.pid, signal.SIGKILL)
     t0 = time.monotonic()
     worker.stop()
     assert time.monotonic() - t0 < 5
@@ -99,3 +99,62 @@ def test_publish_is_confirmed_while_a_batch_keeps_failing(mosquitto, tmp_path):
             client.disconnect()
             client.loop_stop()
     assert b"round-config" in got
+
+
+def test_a_draining_stop_gives_up_on_a_batch_the_store_refuses(mosquitto, tmp_path):
+    """The receiver waits ``drain_timeout`` for the commit; then the batch is abandoned (not acknowledged)."""
+    worker = _worker(tmp_path, port=mosquitto.port, protocol="3.1.1", drain_timeout=1.0)
+    failing = threading.Event()
+
+    def refuse(*args, **kwargs):
+        failing.set()
+        raise OSError("disk full")
+
+    worker.store.commit_batch = refuse
+    worker.start()
+    pub = mqtt.Client(CallbackAPIVersion.VERSION2)
+    pub.connect("127.0.0.1", mosquitto.port)
+    pub.loop_start()
+    try:
+        pub.publish("haarvest/v1/reports/d1", b"{}", qos=1).wait_for_publish(5)
+        assert failing.wait(10)
+        t0 = time.monotonic()
+        worker.stop()
+        assert time.monotonic() - t0 < 6
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+    assert _children() == []
+
+
+def test_auto_protocol_keeps_mqtt5_after_a_connection_dropped_before_connack(tmp_path):
+    """A broker going down (one connection closed without CONNACK, then nothing listening) is not taken for a
+    broker that refuses MQTT 5: once an MQTT 5 broker is back, the receiver uses MQTT 5."""
+    import socket
+    from pathlib import Path
+
+    from tests.brokers import Mosquitto
+
+    port = free_port()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen()
+
+    def accept_once_and_go_down():
+        conn, _ = server.accept()
+        time.sleep(0.3)
+        conn.close()
+        server.close()
+
+    threading.Thread(target=accept_once_and_go_down, daemon=True).start()
+    worker = _worker(tmp_path, port=port, protocol="auto")
+    worker.start(wait=0)
+    time.sleep(5)  # longer than the 3 s CONNACK timeout, with the broker down
+    broker = Mosquitto(Path(tmp_path) / "broker", port=port).start()
+    try:
+        assert worker._run.subscribed.wait(15)
+        assert worker.protocol == 5
+    finally:
+        worker.stop()
+        broker.stop()

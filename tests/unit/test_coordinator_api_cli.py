@@ -117,3 +117,16 @@ def test_cli_enroll_rounds_estimate_export(tmp_path, capsys):
     store = SQLiteStore(db)
     assert len(store.devices()) == 30
     store.close()
+
+
+def test_cli_run_with_an_unusable_ca_file_exits_1_with_a_hint(tmp_path, capsys):
+    """A TLS option that cannot work is reported by `coordinator run` in one line (exit 1), not as a traceback."""
+    from tests.brokers import free_port
+
+    bad = tmp_path / "ca.pem"
+    bad.write_text("not a certificate\n")
+    rc = cli.main(["coordinator", "run", "--db", str(tmp_path / "c.db"), "--key", str(tmp_path / "c.key"),
+                   "--mqtt-port", str(free_port()), "--mqtt-ca", str(bad)])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "haarvest coordinator run:" in err and "is it running" in err
