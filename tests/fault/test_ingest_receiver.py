@@ -26,6 +26,13 @@ def _children() -> list[str]:
                           text=True).stdout.split()
 
 
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
 def _worker(tmp_path, **settings) -> IngestWorker:
     store = SQLiteStore(tmp_path / "coord.db")
     return IngestWorker(IngestSettings(**settings), store, Validator(store))
@@ -67,9 +74,17 @@ def test_stop_right_after_the_receiver_died_is_prompt(mosquitto, tmp_path):
     assert _children() == []
 
 
-def test_publish_is_confirmed_while_a_batch_keeps_failing(mosquitto, tmp_path):
-    """Publish confirmations do not queue behind a batch the store refuses (it is retried meanwhile)."""
-    worker = _worker(tmp_path, port=mosquitto.port, protocol="3.1.1")
+def _client(port: int) -> mqtt.Client:
+    client = mqtt.Client(CallbackAPIVersion.VERSION2)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    return client
+
+
+def _stuck_worker(tmp_path, port: int, **settings) -> tuple[IngestWorker, mqtt.Client]:
+    """A started worker whose store refuses every commit, with one report already in its retry loop; and the
+    publisher that sent it."""
+    worker = _worker(tmp_path, port=port, protocol="3.1.1", **settings)
     failing = threading.Event()
 
     def refuse(*args, **kwargs):
@@ -78,18 +93,20 @@ def test_publish_is_confirmed_while_a_batch_keeps_failing(mosquitto, tmp_path):
 
     worker.store.commit_batch = refuse
     worker.start()
+    pub = _client(port)
+    pub.publish("haarvest/v1/reports/d1", b"{}", qos=1).wait_for_publish(5)
+    assert failing.wait(10)
+    return worker, pub
+
+
+def test_publish_is_confirmed_while_a_batch_keeps_failing(mosquitto, tmp_path):
+    """Publish confirmations do not queue behind a batch the store refuses (it is retried meanwhile)."""
     got = []
-    sub = mqtt.Client(CallbackAPIVersion.VERSION2)
+    sub = _client(mosquitto.port)
     sub.on_message = lambda c, u, m: got.append(m.payload)
-    sub.connect("127.0.0.1", mosquitto.port)
     sub.subscribe("test/round", qos=1)
-    sub.loop_start()
-    pub = mqtt.Client(CallbackAPIVersion.VERSION2)
-    pub.connect("127.0.0.1", mosquitto.port)
-    pub.loop_start()
+    worker, pub = _stuck_worker(tmp_path, mosquitto.port)
     try:
-        pub.publish("haarvest/v1/reports/d1", b"{}", qos=1).wait_for_publish(5)
-        assert failing.wait(10)
         t0 = time.monotonic()
         worker.publish("test/round", b"round-config", retain=True, timeout=5)
         assert time.monotonic() - t0 < 3
@@ -98,26 +115,13 @@ def test_publish_is_confirmed_while_a_batch_keeps_failing(mosquitto, tmp_path):
         for client in (sub, pub):
             client.disconnect()
             client.loop_stop()
-    assert b"round-config" in got
+    assert wait_for(lambda: b"round-config" in got)
 
 
 def test_a_draining_stop_gives_up_on_a_batch_the_store_refuses(mosquitto, tmp_path):
     """The receiver waits ``drain_timeout`` for the commit; then the batch is abandoned (not acknowledged)."""
-    worker = _worker(tmp_path, port=mosquitto.port, protocol="3.1.1", drain_timeout=1.0)
-    failing = threading.Event()
-
-    def refuse(*args, **kwargs):
-        failing.set()
-        raise OSError("disk full")
-
-    worker.store.commit_batch = refuse
-    worker.start()
-    pub = mqtt.Client(CallbackAPIVersion.VERSION2)
-    pub.connect("127.0.0.1", mosquitto.port)
-    pub.loop_start()
+    worker, pub = _stuck_worker(tmp_path, mosquitto.port, drain_timeout=1.0)
     try:
-        pub.publish("haarvest/v1/reports/d1", b"{}", qos=1).wait_for_publish(5)
-        assert failing.wait(10)
         t0 = time.monotonic()
         worker.stop()
         assert time.monotonic() - t0 < 6
