@@ -116,7 +116,8 @@ class Store(ABC):
     @abstractmethod
     def commit_batch(self, reports: list[StoredReport], counters: dict[str, int]) -> int:
         """Atomically insert ``reports`` (ignoring ones already stored), raise the high-water marks and add
-        ``counters`` (plus ``accepted`` += rows inserted). Returns the number of rows inserted."""
+        ``counters`` (plus ``accepted`` += rows inserted, ``duplicate`` += rows ignored as already stored). Returns
+        the number of rows inserted."""
 
     @abstractmethod
     def stored_sig(self, device_id: str, seq: int) -> str | None:
@@ -257,6 +258,8 @@ class _SQLStore(Store):
                 adds = {k: v for k, v in counters.items() if v}
                 if inserted:
                     adds["accepted"] = adds.get("accepted", 0) + inserted
+                if len(reports) > inserted:  # stored meanwhile (another worker, or a redelivery): a duplicate
+                    adds["duplicate"] = adds.get("duplicate", 0) + len(reports) - inserted
                 if adds:
                     cur.executemany(
                         self._q("INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name) "

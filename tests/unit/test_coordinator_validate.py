@@ -268,3 +268,17 @@ def test_closing_a_round_frees_its_reported_set(setup):
     rounds.close_round("r1")
     assert "r1" not in v._reported
     assert reason(v, *fleet.devices[0].report("r1", "cpu", "hybrid", {"report": 0.5})) == "round_closed"
+
+
+def test_rows_already_stored_count_as_duplicates_in_the_stored_counters(tmp_path):
+    """A row the store drops as already stored (another worker stored it first, or a redelivery) is a stored
+    ``duplicate``, as the in-process metrics count it, not silently nothing."""
+    from coordinator.store import StoredReport
+
+    store = SQLiteStore(tmp_path / "c.db")
+    row = StoredReport(device_id="d1", seq=3, boot=1, round_id="r1", stream="s", mechanism="duchi",
+                       body='{"report":1.0}', sig="x", received_at=0.0)
+    assert store.commit_batch([row], {}) == 1
+    assert store.commit_batch([row], {"bad_signature": 2}) == 0
+    assert store.counters() == {"accepted": 1, "duplicate": 1, "bad_signature": 2}
+    store.close()
