@@ -33,12 +33,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from coordinator.metrics import Metrics
-from coordinator.mqtt_receiver import MAX_BATCHES_IN_FLIGHT, IngestSettings, new_client, subscription_topic
+from coordinator.mqtt_receiver import IngestSettings, new_client
 from coordinator.store import Store, StoredReport
 from coordinator.validate import DUPLICATE, Validator
 from protocols import wire
 
-__all__ = ["IngestSettings", "IngestWorker", "subscription_topic", "MAX_BATCHES_IN_FLIGHT"]
+__all__ = ["IngestSettings", "IngestWorker"]
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,8 @@ class IngestWorker:
         self.store = store
         self.validator = validator
         self.metrics = metrics or Metrics()
-        self.topic = subscription_topic(settings.shared_group)
         #: the MQTT protocol version in use (4 = 3.1.1, 5), as the receiver reports it
-        self.protocol = 4 if settings.protocol == "3.1.1" else 5
+        self.protocol = settings.first_protocol
         self._run: _Run | None = None
         self._requests: dict[int, list] = {}  # publish request id → [Event, error]
         self._request_ids = itertools.count()
@@ -134,7 +133,7 @@ class IngestWorker:
         option raises here; a receiver that exits before it subscribes raises RuntimeError."""
         if self._run is not None:
             raise RuntimeError("the ingest worker is already running")
-        new_client(self.settings, 4 if self.settings.protocol == "3.1.1" else 5)  # raises on bad TLS settings
+        new_client(self.settings, self.settings.first_protocol)  # raises on bad TLS settings
         run = self._run = _Run(_Link(self.settings))
         run.threads = [threading.Thread(target=self._read, args=(run,), name="haarvest-ingest-read", daemon=True),
                        threading.Thread(target=self._commit, args=(run,), name="haarvest-ingest-commit", daemon=True)]

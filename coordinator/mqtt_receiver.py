@@ -102,6 +102,12 @@ class IngestSettings:
     drain_timeout: float = DRAIN_TIMEOUT  # a draining stop waits this long for what was handed over to commit
 
     @property
+    def first_protocol(self) -> int:
+        """The MQTT version the client connects with first: 3.1.1 (4) if asked for, else 5 (``"auto"`` starts
+        there)."""
+        return mqtt.MQTTv311 if self.protocol == "3.1.1" else mqtt.MQTTv5
+
+    @property
     def use_tls(self) -> bool:
         return self.tls or self.tls_ca is not None or self.tls_cert is not None
 
@@ -157,7 +163,7 @@ class Receiver:
         self._ack_lock = threading.Lock()  # the connection generation, and the PUBACKs sent under it
         self._client_lock = threading.Lock()  # the client object (replaced once by the MQTT 3.1.1 fall-back)
         self._flush_thread = threading.Thread(target=self._flusher, name="haarvest-receiver-flush", daemon=True)
-        self.protocol = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
+        self.protocol = settings.first_protocol
         self._version_failures = 0
         self._connacked = False
         self.client = self._make_client()

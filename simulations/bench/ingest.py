@@ -212,6 +212,10 @@ def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, wo
     try:
         rate = _stored_rate(db, label, len(reports))
         cpu = sum(_cpu_seconds(p.pid) - startup for p in procs)
+        conn = sqlite3.connect(db, timeout=30)
+        counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
+        conn.close()
+        assert set(counters) <= {"accepted", "duplicate"}, f"the drain rejected reports: {counters}"
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
