@@ -139,12 +139,22 @@ def _device_listing(device_id: str, key: str, status: str) -> dict[str, str]:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
+    from coordinator.validate import PER_DEVICE
+
     store = _store(args)
     try:
         devices = store.devices()
+        counters = store.counters()
     finally:
         store.close()
-    print(json.dumps([_device_listing(d, k, s) for d, (k, s) in sorted(devices.items())], indent=1))
+    rows = []
+    for d, (k, s) in sorted(devices.items()):
+        row = _device_listing(d, k, s)
+        flags = {r: counters[f"{r}.{d}"] for r in PER_DEVICE if counters.get(f"{r}.{d}")}
+        if flags:  # e.g. seq_regression: the device restarted its sequence (a reset or restored ledger)
+            row["flags"] = flags
+        rows.append(row)
+    print(json.dumps(rows, indent=1))
     return 0
 
 

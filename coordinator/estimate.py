@@ -77,6 +77,9 @@ class StreamEstimate:
     consistency: bool = True
     error: str | None = None
     dropped: int = 0  # stored reports the stream's mechanism cannot have produced (not used; see estimate_stream)
+    #: the privacy unit the devices' ledgers charged this stream under (``device``: everything a device released
+    #: in its budget window; ``value``: each distinct value, not when it changes) — from the round's StreamSpec
+    unit: str = "device"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,7 +185,7 @@ def estimate_stream(spec: StreamSpec, rows: list[Any] | np.ndarray | DecodedRepo
     if variance not in ("plugin", "worst"):
         raise ValueError("variance must be 'plugin' or 'worst'")
     out = StreamEstimate(round_id=round_id, stream=stream, kind=spec.kind, mechanism=spec.wire_mechanism,
-                         n=0, level=level, variance_basis=variance, consistency=consistency)
+                         n=0, level=level, variance_basis=variance, consistency=consistency, unit=spec.unit)
     if decoder is None:
         decoder = StreamDecoder.for_spec(spec)
     decoded = rows if isinstance(rows, DecodedReports) else decoder.stack(rows)
@@ -273,5 +276,5 @@ def estimate_round(store: Store, round_id: str, level: float = 0.95, variance: V
         except (ValueError, TypeError, KeyError, ImportError) as exc:
             out[name] = StreamEstimate(round_id=round_id, stream=name, kind=spec.kind, mechanism=spec.wire_mechanism,
                                        n=0, level=level, variance_basis=variance, consistency=consistency,
-                                       dropped=len(bodies), error=f"{type(exc).__name__}: {exc}")
+                                       dropped=len(bodies), error=f"{type(exc).__name__}: {exc}", unit=spec.unit)
     return out

@@ -44,7 +44,7 @@ from coordinator.estimate import StreamEstimate, estimate_round
 from coordinator.rounds import RoundManager
 from coordinator.schemas import parse_round_params
 from coordinator.store import Store, StoredReport
-from coordinator.validate import DUPLICATE, Validator
+from coordinator.validate import DUPLICATE, Validator, per_device_counters
 from protocols import wire
 
 __all__ = [
@@ -310,13 +310,14 @@ class FlowerCoordinator:
         """Validate signed reports and commit the accepted ones in one transaction: (stored, rejected by reason)."""
         accepted: list[StoredReport] = []
         rejected: Counter[str] = Counter()
-        for result in self.validator.check_batch([(str(t), bytes(p)) for t, p in zip(topics, payloads)]):
+        results = self.validator.check_batch([(str(t), bytes(p)) for t, p in zip(topics, payloads)])
+        for result in results:
             if isinstance(result, wire.WireError):
                 rejected[result.reason] += 1
             else:
                 accepted.append(result)
         try:
-            inserted = self.store.commit_batch(accepted, dict(rejected))
+            inserted = self.store.commit_batch(accepted, {**rejected, **per_device_counters(results)})
         except Exception:
             self.validator.reload()
             raise

@@ -35,7 +35,7 @@ from pathlib import Path
 from coordinator.metrics import Metrics
 from coordinator.mqtt_receiver import IngestSettings, new_client
 from coordinator.store import Store, StoredReport
-from coordinator.validate import DUPLICATE, Validator
+from coordinator.validate import DUPLICATE, Validator, per_device_counters
 from protocols import wire
 
 __all__ = ["IngestSettings", "IngestWorker"]
@@ -304,6 +304,7 @@ class IngestWorker:
             else:
                 rejected[result.reason] += 1
         counters = dict(rejected)
+        counters.update(per_device_counters(results))
         if duplicates:
             counters[DUPLICATE] = duplicates
         inserted = self.store.commit_batch(accepted, counters)

@@ -42,6 +42,12 @@ goes through the mean mechanism with ε_m = split·ε and the D-1 details throug
 one categorical dimension. A report costs at most ε∞ (a new memo slot), which is what :attr:`StreamSpec.epsilon`
 counts towards the round's ε.
 
+**Privacy unit.** ``unit`` (``device``, the default, or ``value``) names what the devices' ledgers bound for this
+stream: ``device`` — everything a device released in its budget window against any other readings (fresh
+randomization per report, nothing memoized); ``value`` — the loss about each distinct value (memoized reports, which
+do not hide when a value changes). A device answers a stream only under its own configured unit; estimates carry
+the unit in their metadata.
+
 **Heavy hitters** (sequentially interactive prefix extension, SPEC §3.13/§5): see :class:`HeavyHitterSpec` and
 :func:`heavy_hitter_items`.
 """
@@ -177,6 +183,8 @@ class StreamSpec(_Model):
     detail: MechanismSpec | None = Field(default=None, description="input only: converted to mechanism 'haar'")
     rounding: list[float | None] | None = None
     heavy_hitters: HeavyHitterSpec | None = None
+    unit: Literal["device", "value"] = Field(
+        "device", description="the privacy unit the devices' ledgers charge this stream under (edge_agent.config)")
 
     @model_validator(mode="before")
     @classmethod

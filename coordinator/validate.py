@@ -56,13 +56,29 @@ __all__ = ["Validator", "REASONS", "DUPLICATE"]
 log = logging.getLogger(__name__)
 
 DUPLICATE = "duplicate"
+#: a validly signed report whose seq the device already used (with other content) or that lies below its
+#: high-water mark: the device restarted its sequence — a reset, restored or older ledger (edge_agent.ledger_guard)
+SEQ_REGRESSION = "seq_regression"
 #: seq and boot are stored as signed 64-bit integers.
 MAX_COUNTER = 2**63 - 1
 REASONS = (
     "too_large", "malformed", "schema", "wrong_topic", "device_mismatch", "unknown_device", "revoked_device",
     "unsigned", "bad_signature", "unknown_round", "round_closed", "wrong_stream", "wrong_mechanism", "bad_body",
-    "replay", "already_reported", DUPLICATE, "internal_error",
+    SEQ_REGRESSION, "already_reported", DUPLICATE, "internal_error",
 )
+#: reasons also counted per device (``<reason>.<device_id>`` in the store's counters): the report was signed by
+#: the device's own key, so the device itself is at fault
+PER_DEVICE = (SEQ_REGRESSION,)
+
+
+def per_device_counters(results: Sequence[Any]) -> dict[str, int]:
+    """``<reason>.<device_id>`` counts of the :data:`PER_DEVICE` rejections among ``check_batch`` results."""
+    out: dict[str, int] = {}
+    for r in results:
+        if isinstance(r, wire.WireError) and r.reason in PER_DEVICE and r.device_id:
+            key = f"{r.reason}.{r.device_id}"
+            out[key] = out.get(key, 0) + 1
+    return out
 
 
 class _Round:
@@ -353,9 +369,11 @@ class Validator:
             if stored is not None:
                 if stored == report.sig:
                     raise wire.WireError(DUPLICATE, f"{report.device_id} seq {report.seq}")
-                raise wire.WireError("replay", f"{report.device_id} seq {report.seq} already used")
+                raise wire.WireError(SEQ_REGRESSION, f"{report.device_id} seq {report.seq} already used",
+                                     device_id=report.device_id)
             if report.seq <= hwm - self.replay_window:
-                raise wire.WireError("replay", f"{report.device_id} seq {report.seq} <= high-water mark {hwm}")
+                raise wire.WireError(SEQ_REGRESSION, f"{report.device_id} seq {report.seq} <= high-water mark {hwm}",
+                                     device_id=report.device_id)
         if (report.device_id, report.stream) in self._reported.get(report.round_id, ()):
             raise wire.WireError("already_reported", f"{report.device_id} in {report.round_id}/{report.stream}")
 

@@ -30,6 +30,8 @@ from typing import Any, Callable
 from protocols import wire
 
 from .config import AgentConfig, Secrets, load_secrets
+from .ledger_guard import check_ledger, write_mark
+from .ledger_guard import compare as compare_ledger
 from .pipeline import InvalidRecord, Pipeline, PreparedReport, Record
 from .sources import build_sources
 from .state import Commit, Refused, ReportRequest, State
@@ -99,6 +101,7 @@ class Agent:
         self._next_interval_report: float | None = None
         self._last_compact = 0.0
         self._sent_later: list[int] = []
+        self._mark: dict[str, Any] = {}
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
@@ -106,12 +109,22 @@ class Agent:
         """Open the state database, count a boot, restore rounding state, connect (if MQTT is configured)."""
         if self.state is not None:
             return self
-        self.state = State(self.config.database_path)
-        self.pipeline = Pipeline(self.config, self.secrets.hmac_secret, self.state.load_rounding())
+        # the ledger cannot be silently reset: refuse a missing, older, foreign or damaged ledger (ledger_guard)
+        mark = check_ledger(self.config.database_path, self.config.signing_key_path.exists())
+        state = State(self.config.database_path)
+        try:
+            compare_ledger(state, mark)
+            self.pipeline = Pipeline(self.config, self.secrets.hmac_secret, state.load_rounding())
+        except BaseException:
+            state.close()
+            raise
+        self.state = state
         rounding = self.pipeline.rounding_state(clear_dirty=False) if self.pipeline.rounding_dirty else None
         self.boot = self.state.begin_boot(rounding)  # one transaction: the boot and any newly drawn α offsets
         if rounding is not None:
             self.pipeline.rounding_saved()
+        self._mark = self.state.mark()
+        write_mark(self.config.state_dir, self._mark)
         if self.transport is not None:
             self.transport.start({"boot": self.boot, "key_id": self.secrets.key_id})
         log.info(
@@ -283,6 +296,7 @@ class Agent:
                 memoize=p.memoize,
                 refresh=p.refresh,
                 delta=p.delta,
+                unit=p.unit,
             )
             for p in prepared_list
         ]
@@ -329,6 +343,12 @@ class Agent:
         )
         if rounding is not None:
             pipeline.rounding_saved()
+        committed = [r for r in results if isinstance(r, Commit)]
+        if committed:  # the mark follows the committed ledger (never ahead of it: written after the commit)
+            self._mark["next_seq"] = max(c.seq for c in committed) + 1
+            self._mark["spent_total"] += sum(c.charged for c in committed)
+            self._mark["ledger_rows"] = state.ledger_rows_max()
+            write_mark(self.config.state_dir, self._mark)
         for name, n in counters.items():  # committed: forget them (nothing counts while the transaction runs)
             left = self._pending_counters[name] - n
             if left:

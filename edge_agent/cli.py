@@ -135,10 +135,40 @@ def cmd_status(args: argparse.Namespace) -> int:
         out["caps"] = {"total": cfg.ledger.total_cap, "renewal_period_s": cfg.ledger.renewal_period_s,
                        "streams": {s.name: cfg.stream_cap(s) for s in cfg.effective_streams()}}
         out["invariants"] = state.check_invariants()
+        out["privacy_units"] = _privacy_units(cfg)
         if args.integrity:
             out["integrity_check"] = state.integrity_check()
     print(json.dumps(out, indent=2, default=str))
     return 0 if out["invariants"]["ok"] and out.get("integrity_check", ["ok"]) == ["ok"] else 1
+
+
+def _privacy_units(cfg: Any) -> dict[str, Any]:
+    """Per stream: the privacy unit its charges are true for, the charge, and what the unit does not hide."""
+    from .pipeline import ConfigError, build_stream_plan, privacy_statement
+
+    out: dict[str, Any] = {}
+    for s in cfg.effective_streams():
+        try:
+            out[s.name] = privacy_statement(build_stream_plan(cfg, s))
+        except ConfigError as exc:
+            out[s.name] = {"error": str(exc)}
+    return out
+
+
+def cmd_reset_ledger(args: argparse.Namespace) -> int:
+    from .config import ConfigError
+    from .ledger_guard import reset_ledger
+
+    try:
+        cfg = _load(args)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    if not args.yes:
+        return _fail("reset-ledger starts a new privacy ledger with a full budget; it is recorded (ledger.resets, the "
+                     "new database, the coordinator sees the device's boot) — confirm with --yes")
+    record = reset_ledger(cfg.database_path, reason=args.reason or "", next_seq=args.next_seq)
+    print(json.dumps(record, indent=2))
+    return 0
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
@@ -153,7 +183,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
             print(json.dumps(row))
         if args.total:
             print(json.dumps({"total": state.spent(args.stream), "by_stream": state.spent_by_stream(),
-                              "delta_total": state.spent_delta()}))
+                              "by_unit": state.spent_by_unit(), "delta_total": state.spent_delta()}))
     return 0
 
 
@@ -165,10 +195,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .systemd import Notifier
 
     setup_logging(args.log_level)
+    from .ledger_guard import LedgerIntegrityError
+
     try:
         cfg = _load(args)
         agent = Agent(cfg, notifier=Notifier())
-    except (ConfigError, SourceError) as exc:
+        agent.open()
+    except (ConfigError, SourceError, LedgerIntegrityError) as exc:
         return _fail(str(exc))
     stop = threading.Event()
 
@@ -216,6 +249,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common(st)
     st.add_argument("--integrity", action="store_true", help="also run PRAGMA integrity_check")
     st.set_defaults(func=cmd_status)
+
+    rst = sub.add_parser("reset-ledger", help="start a new, recorded privacy ledger (the old one is kept aside)")
+    common(rst)
+    rst.add_argument("--yes", action="store_true", help="confirm: the device gets a full budget again")
+    rst.add_argument("--reason", help="why (kept in the reset record)")
+    rst.add_argument("--next-seq", type=int, help="continue report sequence numbers from at least this (e.g. the "
+                                                  "coordinator's high-water mark for the device + 1)")
+    rst.set_defaults(func=cmd_reset_ledger)
 
     led = sub.add_parser("ledger", help="print ledger charges as JSON lines")
     common(led)

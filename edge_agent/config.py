@@ -8,6 +8,7 @@ Layout (see ``docs/agent.md`` for a complete example)::
 
     [privacy]            # defaults for every stream, and the device's own limit on what a round may ask
     epsilon = 1.0
+    unit = "device"                 # the privacy unit the ledger's number is true for (or "value")
     max_round_epsilon = 4.0
     round_policy = "clamp"          # or "refuse"
 
@@ -39,6 +40,20 @@ Environment overrides: ``HAARVEST_AGENT__SECTION__KEY=value`` sets ``[section] k
 top-level key, a numeric part indexes a list: ``HAARVEST_AGENT__DIMENSIONS__0__HI=80``). Values are parsed as
 TOML literals when they are one (``4``, ``1.5``, ``true``, ``["a"]``), else taken as strings.
 
+**Privacy units** (``privacy.unit``, per stream ``unit``). The ledger's total is a rigorous upper bound for the unit
+the stream names:
+
+* ``device`` (the default): the total over a budget window bounds the log-likelihood ratio of *everything* the
+  device released in that window against *any* other sequence of readings (user-level LDP). Every report is a
+  fresh randomization charged its ε; nothing is memoized (a re-sent memoized report would reveal when a value
+  changes, which no per-value charge covers). Longitudinal chains (``lgrr``, ``loloha``) are charged their IRR's
+  ε for an arbitrary change of its input per report (``irr_input_epsilon``: the PRR table is data-independent, so
+  conditioned on it the reports are independent IRRs). ``ddrm`` streams (change-bounded, see
+  :mod:`edge_agent.pipeline`) are charged by the number of tree nodes released, up to their change budget.
+* ``value`` (opt-in, RAPPOR-style memoization): a memo hit costs 0 and a new memo entry its ε (ε∞); the total
+  bounds the loss about each distinct value, *not* when values change (``agent status`` says what it does not
+  hide, per stream).
+
 Secrets are never in the TOML file: the device's Ed25519 signing key and the HMAC memo secret live in their own
 files (mode 0600, created by ``haarvest agent enroll``) and are read by :func:`load_secrets`.
 """
@@ -65,6 +80,7 @@ __all__ = [
     "SourceConfig",
     "PrivacyConfig",
     "LedgerConfig",
+    "PrivacyUnit",
     "MqttConfig",
     "AgentConfig",
     "Secrets",
@@ -173,7 +189,10 @@ class StreamConfig(_Model):
     epsilon_1: float | None = Field(None, gt=0)
     epsilon_inf: float | None = Field(None, gt=0)
     cap: float | None = Field(None, gt=0, description="ledger cap for this stream (default: ledger.stream_cap)")
-    memoize: bool = True
+    unit: Literal["device", "value"] | None = Field(
+        None, description="privacy unit of this stream's charges (default: privacy.unit); see the module docstring")
+    memoize: bool | None = Field(
+        None, description="memoize reports (value unit only; default: true under the value unit)")
 
     @field_validator("epsilon", "epsilon_1", "epsilon_inf", "cap")
     @classmethod
@@ -190,6 +209,9 @@ class StreamConfig(_Model):
             raise ValueError(f"stream {self.name!r}: epsilon_1 must be < epsilon_inf")
         if "epsilon" in self.params:
             raise ValueError(f"stream {self.name!r}: set epsilon on the stream, not in params")
+        if self.memoize and self.unit == "device":
+            raise ValueError(f"stream {self.name!r}: memoize = true needs unit = 'value' (a re-sent memoized report "
+                             f"reveals when the value changes, which the device unit's ledger must bound)")
         return self
 
     @property
@@ -220,8 +242,13 @@ class SourceConfig(_Model):
         return self
 
 
+PrivacyUnit = Literal["device", "value"]
+
+
 class PrivacyConfig(_Model):
     epsilon: float = Field(1.0, gt=0, description="default ε per report for streams that do not set one")
+    unit: PrivacyUnit = Field(
+        "device", description="default privacy unit of every stream: device (user-level, the default) or value")
     max_round_epsilon: float = Field(4.0, gt=0, description="the most this device spends in one round")
     round_policy: Literal["clamp", "refuse"] = "clamp"
 
@@ -334,6 +361,8 @@ class AgentConfig(_Model):
             kinds = {by_name[d].kind for d in s.dimensions}
             if "categorical" in kinds and len(s.dimensions) > 1:
                 raise ValueError(f"stream {s.name!r}: a categorical dimension must be a stream of its own")
+            if s.memoize and (s.unit or self.privacy.unit) == "device":
+                raise ValueError(f"stream {s.name!r}: memoize = true needs unit = 'value' (privacy.unit is 'device')")
             eps = s.epsilon_inf if s.longitudinal else (s.epsilon or self.privacy.epsilon)
             cap = s.cap or self.ledger.stream_cap or self.ledger.total_cap
             if eps > cap:
@@ -364,6 +393,16 @@ class AgentConfig(_Model):
         if stream.longitudinal:
             return float(stream.epsilon_inf)  # type: ignore[arg-type]
         return float(stream.epsilon if stream.epsilon is not None else self.privacy.epsilon)
+
+    def stream_unit(self, stream: StreamConfig) -> str:
+        """The privacy unit the ledger's charges for ``stream`` are true for: ``device`` or ``value``."""
+        return stream.unit or self.privacy.unit
+
+    def stream_memoizes(self, stream: StreamConfig) -> bool:
+        """Whether ``stream`` re-sends memoized reports: only under the ``value`` unit (default on there)."""
+        if self.stream_unit(stream) != "value":
+            return False
+        return True if stream.memoize is None else bool(stream.memoize)
 
     def stream_cap(self, stream: StreamConfig) -> float:
         return float(stream.cap or self.ledger.stream_cap or self.ledger.total_cap)
@@ -595,4 +634,8 @@ def create_secrets(cfg: AgentConfig, overwrite: bool = False, signature: str = "
     secret = _secrets.token_bytes(32)
     write_private_file(cfg.signing_key_path, wire.device_key_text(key) + "\n")
     write_private_file(cfg.hmac_secret_path, secret.hex() + "\n")
+    from .ledger_guard import read_mark, start_mark
+
+    if read_mark(cfg.state_dir) is None and not cfg.database_path.exists():
+        start_mark(cfg.state_dir)  # a new device's ledger starts empty; from now on a missing one is refused
     return Secrets(signing_key=key, hmac_secret=secret)

@@ -84,6 +84,7 @@ __all__ = [
     "RoundPlans",
     "SpecMismatch",
     "AUTO_CANDIDATES",
+    "privacy_statement",
 ]
 
 #: what the ``auto`` policy can pick (:func:`protocols.pipeline.choose_mechanism` compares them), by stream shape
@@ -95,8 +96,8 @@ AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
 
 
 class SpecMismatch(ValueError):
-    """A round's stream spec this device will not follow. ``reason``: malformed | kind | dims | bounds | epsilon |
-    delta | shape | mechanism | rounding | labels."""
+    """A round's stream spec this device will not follow. ``reason``: malformed | unit | kind | dims | bounds |
+    epsilon | delta | shape | mechanism | rounding | labels."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -143,10 +144,28 @@ class StreamPlan:
     epsilon_1: float | None = None
     heavy_hitters: HeavyHitterSpec | None = None
     delta: float = 0.0  # δ of an (ε, δ) mechanism (Gaussian); 0 for pure ε-LDP
+    unit: str = "device"  # the privacy unit the ledger's charges are true for (edge_agent.config)
+    memoize: bool = False  # re-send memoized reports (value unit only)
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def charge(self) -> float:
+        """ε the ledger charges for one report of this plan.
+
+        ``value`` unit: ε (ε∞ for longitudinal chains) per *new* memo entry, 0 for a memo hit.
+        ``device`` unit: every report is charged, and the charge bounds the report's contribution to the
+        whole-transcript log-likelihood ratio against any other readings: a fresh mechanism's ε (sequential
+        composition over independent randomizations); for a longitudinal chain the IRR's ε for an arbitrary change
+        of its input (``irr_input_epsilon``): the PRR table is drawn independently of the data, so conditioned on
+        it the reports are independent IRRs and each one changes the ratio by at most that factor
+        (:mod:`protocols.longitudinal.base`, bound 2).
+        """
+        if self.unit == "device" and self.longitudinal:
+            return float(self.mechanism.irr_input_epsilon)
+        return float(self.epsilon)
 
     @property
     def kind(self) -> str:
@@ -184,6 +203,7 @@ class StreamPlan:
             out["rounding"] = list(self.rounding)
         if self.heavy_hitters is not None:
             out["heavy_hitters"] = self.heavy_hitters.model_dump()
+        out["unit"] = self.unit
         return StreamSpec.model_validate(out).model_dump(mode="json", exclude_none=True)
 
 
@@ -201,6 +221,32 @@ class PreparedReport:
     make_body: Callable[[], dict[str, Any]] = field(repr=False)
     refresh: bool = False
     delta: float = 0.0
+    unit: str = "device"
+
+
+def privacy_statement(plan: StreamPlan) -> dict[str, Any]:
+    """What the ledger's number for ``plan``'s stream means, in words and numbers (``agent status``, docs)."""
+    out: dict[str, Any] = {"unit": plan.unit, "mechanism": plan.mechanism_name}
+    if plan.unit == "device":
+        out["charge_per_report"] = plan.charge
+        out["bounds"] = ("everything this device released in the budget window, against any other readings: "
+                         "every report is a fresh randomization charged its ε")
+        out["does_not_hide"] = "nothing beyond the charged ε (user-level LDP over the window)"
+        return out
+    out["charge_per_new_value"] = plan.charge
+    out["bounds"] = "the loss about each distinct (rounded) value: ε per new memo entry, 0 for a memo hit"
+    if plan.longitudinal:
+        irr = float(plan.mechanism.irr_input_epsilon)
+        out["does_not_hide"] = (f"when the value changes: a change time is protected only by the fresh IRR, up to "
+                                f"ε = {irr:.4g} per report whose memo slot differs; a transcript can lose more than "
+                                f"the total charged (e.g. L-GRR(1, 0.9, k=4), (0,0,1,1) vs (0,2,0,2): 6.93 "
+                                f"against 2)")
+    elif plan.memoize:
+        out["does_not_hide"] = ("when the value changes: a memo hit re-sends the first report verbatim, so readings "
+                                "(x, x) and (x, y) are told apart with certainty (unbounded loss about change times)")
+    else:
+        out["does_not_hide"] = "nothing beyond the charged ε: memoization is off, every report is charged"
+    return out
 
 
 def memo_key(secret: bytes, stream: str, spec: str, canonical_values: list[Any]) -> str:
@@ -339,7 +385,7 @@ def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
         if cap is None or delta > cap:
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} has δ = {delta:g}; set ledger.delta_cap "
                               f"(the most Σδ the device spends) to at least that (now {cap})")
-    return StreamPlan(
+    plan = StreamPlan(
         config=stream,
         dimensions=dims,
         mechanism_name=name,
@@ -350,7 +396,13 @@ def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
         cap=cfg.stream_cap(stream),
         epsilon_1=float(stream.epsilon_1) if stream.longitudinal else None,  # type: ignore[arg-type]
         delta=delta,
+        unit=cfg.stream_unit(stream),
+        memoize=cfg.stream_memoizes(stream),
     )
+    if plan.charge > plan.cap:
+        raise ConfigError(f"stream {stream.name!r}: one report costs ε = {plan.charge:.6g} under the "
+                          f"{plan.unit!r} unit, more than the stream's cap {plan.cap:g}")
+    return plan
 
 
 def _mechanism_delta(mech: Any) -> float:
@@ -375,6 +427,9 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
     """The plan for stream ``base`` following a round's :class:`StreamSpec`, or :class:`SpecMismatch` (see the
     module docstring: kind, dims, bounds, ε, shape and rounding are checked; the device's caps still apply)."""
     name = base.name
+    if spec.unit != base.unit:
+        raise SpecMismatch("unit", f"stream {name!r} is accounted under the {base.unit!r} unit; the round asks for "
+                                   f"{spec.unit!r}")
     expected = {"categorical": ("longitudinal",) if base.longitudinal else ("frequency",),
                 "scalar": ("numeric", "vector", "haar"), "vector": ("vector", "haar")}[base.kind]
     if spec.kind not in expected:
@@ -448,9 +503,14 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
     if hh is not None:  # the items depend on the candidates: they are part of the memo spec
         spec_data["heavy_hitters"] = hh.model_dump()
     spec_json = wire.canonical_json(spec_data).decode()
-    return replace(base, mechanism_name=mech_name, params=params, spec=spec_json, mechanism=mech,
+    plan = replace(base, mechanism_name=mech_name, params=params, spec=spec_json, mechanism=mech,
                    epsilon=epsilon, delta=delta, rounding=rounding, heavy_hitters=hh,
                    epsilon_1=float(params["epsilon_1"]) if spec.kind == "longitudinal" else None)
+    if plan.charge > base.charge * (1 + tol):  # e.g. a chain with a smaller ε∞ but the same ε1 has a larger IRR ε
+        raise SpecMismatch("epsilon", f"stream {name!r}: one report of the round's mechanism costs "
+                                      f"ε={plan.charge:.6g} under the {base.unit!r} unit, the device's own "
+                                      f"{base.charge:.6g}")
+    return plan
 
 
 _STEP_RTOL = 1e-9
@@ -852,12 +912,13 @@ class Pipeline:
                     mechanism=plan.mechanism_name,
                     spec=plan.spec,
                     memo_key=key,
-                    epsilon=plan.epsilon,
+                    epsilon=plan.charge,
                     cap=plan.cap,
-                    memoize=plan.config.memoize,
+                    memoize=plan.memoize,
                     make_body=make_body,
                     refresh=refresh,
                     delta=plan.delta,
+                    unit=plan.unit,
                 )
             )
         return out

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator
 
 __all__ = ["State", "Refused", "Commit", "ReportRequest", "OutboxRow", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value NOT NULL);
@@ -60,7 +60,9 @@ CREATE TABLE IF NOT EXISTS ledger (
     memo_key TEXT NOT NULL,
     seq INTEGER NOT NULL,
     mechanism TEXT NOT NULL,
-    delta REAL CHECK (delta IS NULL OR (delta > 0 AND delta < 1))
+    delta REAL CHECK (delta IS NULL OR (delta > 0 AND delta < 1)),
+    unit TEXT NOT NULL DEFAULT 'value' CHECK (unit IN ('device', 'value')),
+    until REAL
 );
 CREATE INDEX IF NOT EXISTS ledger_stream_ts ON ledger (stream, ts);
 CREATE INDEX IF NOT EXISTS ledger_round ON ledger (round_id);
@@ -94,6 +96,11 @@ CREATE INDEX IF NOT EXISTS outbox_status_seq ON outbox (status, seq);
 CREATE TABLE IF NOT EXISTS rounding (dim TEXT PRIMARY KEY, state TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (round_id TEXT PRIMARY KEY, received REAL NOT NULL, status TEXT NOT NULL,
     detail TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS resets (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, record TEXT NOT NULL);
+CREATE TRIGGER IF NOT EXISTS resets_append_only_u BEFORE UPDATE ON resets
+    BEGIN SELECT RAISE(ABORT, 'the reset record is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS resets_append_only_d BEFORE DELETE ON resets
+    BEGIN SELECT RAISE(ABORT, 'the reset record is append-only'); END;
 """
 
 
@@ -137,6 +144,8 @@ class ReportRequest:
     memoize: bool = True
     refresh: bool = False  # longitudinal: a memo hit still calls make_body() (a fresh IRR), charging 0
     delta: float = 0.0  # δ of an (ε, δ) mechanism (Gaussian); recorded in the ledger and capped by delta_cap
+    unit: str = "device"  # the privacy unit the charge is true for (edge_agent.config); recorded in the ledger
+    until: float | None = None  # a charge that covers releases up to this time (ledger time); None: its own ts
 
 
 @dataclass(frozen=True)
@@ -168,10 +177,10 @@ class _Spent:
         since = -float("inf") if period is None else now - period
         streams = list(dict.fromkeys(r.stream for r in requests))
         rounds = list(dict.fromkeys(r.round_id for r in requests))
-        cols = ["COALESCE(SUM(CASE WHEN stream = ? AND ts > ? THEN epsilon END), 0)"] * len(streams)
+        cols = ["COALESCE(SUM(CASE WHEN stream = ? AND COALESCE(until, ts) > ? THEN epsilon END), 0)"] * len(streams)
         cols += ["COALESCE(SUM(CASE WHEN round_id = ? THEN epsilon END), 0)"] * len(rounds)
-        cols += ["COALESCE(SUM(CASE WHEN ts > ? THEN epsilon END), 0)",
-                 "COALESCE(SUM(CASE WHEN ts > ? THEN delta END), 0)", "MAX(ts)"]
+        cols += ["COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN epsilon END), 0)",
+                 "COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN delta END), 0)", "MAX(ts)"]
         args: list[Any] = [a for s in streams for a in (s, since)] + rounds + [since, since]
         row = db.execute(f"SELECT {', '.join(cols)} FROM ledger", args).fetchone()
         ns, nr = len(streams), len(rounds)
@@ -221,8 +230,8 @@ class _Writes:
     def flush(self, db: sqlite3.Connection, now: float) -> None:
         if self.ledger:
             db.executemany(
-                "INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism, delta) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.ledger)
+                "INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism, delta, unit, until) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self.ledger)
         if self.memo:
             db.executemany(
                 "INSERT INTO memo (key, stream, spec, body, epsilon, created, last_used) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -273,10 +282,14 @@ class State:
     def _create_schema(self) -> None:
         """The tables, indexes and triggers (``IF NOT EXISTS``: idempotent) in ONE write transaction, with the
         schema version of a new database."""
+        import secrets
+
         try:
             self._db.executescript(
                 "BEGIN IMMEDIATE;\n" + _SCHEMA
-                + f"\nINSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', {SCHEMA_VERSION});\nCOMMIT;"
+                + f"\nINSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', {SCHEMA_VERSION});"
+                + f"\nINSERT OR IGNORE INTO meta (key, value) VALUES ('ledger_id', '{secrets.token_hex(16)}');"
+                + "\nCOMMIT;"
             )
         except BaseException:
             if self._db.in_transaction:
@@ -287,13 +300,20 @@ class State:
         """Upgrade a database of an older schema version in place (inside the caller's transaction).
 
         1 → 2: ``ledger.delta`` (nullable; existing charges are pure ε and keep NULL).
+        2 → 3: ``ledger.unit`` (the privacy unit of the charge; every older charge was a per-value memo charge, so
+        existing rows get ``value``) and ``ledger.until`` (the end of the time a charge covers; NULL = its ``ts``).
         """
-        if version < 2:
-            cols = {row[1] for row in self._db.execute("PRAGMA table_info(ledger)").fetchall()}
-            if "delta" not in cols:
-                self._db.execute(
-                    "ALTER TABLE ledger ADD COLUMN delta REAL CHECK (delta IS NULL OR (delta > 0 AND delta < 1))"
-                )
+        cols = {row[1] for row in self._db.execute("PRAGMA table_info(ledger)").fetchall()}
+        if version < 2 and "delta" not in cols:
+            self._db.execute(
+                "ALTER TABLE ledger ADD COLUMN delta REAL CHECK (delta IS NULL OR (delta > 0 AND delta < 1))"
+            )
+        if version < 3:
+            if "unit" not in cols:
+                self._db.execute("ALTER TABLE ledger ADD COLUMN unit TEXT NOT NULL DEFAULT 'value' "
+                                 "CHECK (unit IN ('device', 'value'))")
+            if "until" not in cols:
+                self._db.execute("ALTER TABLE ledger ADD COLUMN until REAL")
         self._set("schema_version", SCHEMA_VERSION)
 
     # --- plumbing -----------------------------------------------------------------------------------------
@@ -356,6 +376,32 @@ class State:
     @property
     def boot(self) -> int:
         return int(self._get("boot", 0))
+
+    def mark(self) -> dict[str, Any]:
+        """What the ledger has reached (:mod:`edge_agent.ledger_guard`): its id and the numbers that only grow."""
+        row = self._db.execute(
+            "SELECT (SELECT value FROM meta WHERE key = 'ledger_id'), (SELECT value FROM meta WHERE key = 'boot'), "
+            "(SELECT value FROM meta WHERE key = 'next_seq'), (SELECT COALESCE(MAX(id), 0) FROM ledger), "
+            "(SELECT COALESCE(SUM(epsilon), 0) FROM ledger), (SELECT COUNT(*) FROM resets)"
+        ).fetchone()
+        return {"ledger_id": row[0], "boot": int(row[1] or 0), "next_seq": int(row[2] or 0),
+                "ledger_rows": int(row[3]), "spent_total": float(row[4]), "resets": int(row[5])}
+
+    def ledger_rows_max(self) -> int:
+        """The highest ledger row id (rows are append-only, ids never reused: AUTOINCREMENT)."""
+        return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM ledger").fetchone()[0])
+
+    def record_reset(self, record: dict[str, Any]) -> None:
+        """A new ledger started on purpose (``haarvest agent reset-ledger``): continue ``next_seq`` and ``boot``
+        from ``record`` and keep the record (append-only ``resets`` table), in one transaction."""
+        with self.transaction() as db:
+            self._set("next_seq", max(self.next_seq, int(record["next_seq"])))
+            self._set("boot", max(self.boot, int(record["boot"])))
+            db.execute("INSERT INTO resets (ts, record) VALUES (?, ?)",
+                       (float(record["ts"]), json.dumps(record, sort_keys=True)))
+
+    def resets(self) -> list[dict[str, Any]]:
+        return [json.loads(r) for (r,) in self._db.execute("SELECT record FROM resets ORDER BY id").fetchall()]
 
     @property
     def next_seq(self) -> int:
@@ -517,7 +563,7 @@ class State:
         else:
             budget.charge(req.stream, req.round_id, charged, delta)  # type: ignore[union-attr]
             writes.ledger.append((ts, req.stream, req.round_id, charged, req.memo_key, seq, req.mechanism,
-                                  delta if delta > 0 else None))
+                                  delta if delta > 0 else None, req.unit, req.until))
             if req.memoize:
                 text = json.dumps(body, sort_keys=True)
                 writes.memo.append((req.memo_key, req.stream, req.spec, text, charged, now, now))
@@ -613,7 +659,7 @@ class State:
     # --- inspection ---------------------------------------------------------------------------------------
 
     def ledger_rows(self, stream: str | None = None, limit: int | None = None) -> Iterator[dict[str, Any]]:
-        sql = "SELECT id, ts, stream, round_id, epsilon, memo_key, seq, mechanism, delta FROM ledger"
+        sql = "SELECT id, ts, stream, round_id, epsilon, memo_key, seq, mechanism, delta, unit, until FROM ledger"
         args: list[Any] = []
         if stream:
             sql += " WHERE stream = ?"
@@ -622,13 +668,14 @@ class State:
         if limit:
             sql += " LIMIT ?"
             args.append(int(limit))
-        cols = ("id", "ts", "stream", "round_id", "epsilon", "memo_key", "seq", "mechanism", "delta")
+        cols = ("id", "ts", "stream", "round_id", "epsilon", "memo_key", "seq", "mechanism", "delta", "unit", "until")
         rows = self._db.execute(sql, args).fetchall()
         for row in reversed(rows):
             yield dict(zip(cols, row))
 
     def spent(self, stream: str | None = None, since: float | None = None) -> float:
-        sql, args = "SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE ts > ?", [since if since is not None else -1e300]
+        sql = "SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE COALESCE(until, ts) > ?"
+        args: list[Any] = [since if since is not None else -1e300]
         if stream is not None:
             sql += " AND stream = ?"
             args.append(stream)
@@ -636,9 +683,14 @@ class State:
 
     def spent_delta(self, since: float | None = None) -> float:
         """Σ δ of the ledger's (ε, δ) charges (after ``since``)."""
-        row = self._db.execute("SELECT COALESCE(SUM(delta), 0) FROM ledger WHERE ts > ?",
+        row = self._db.execute("SELECT COALESCE(SUM(delta), 0) FROM ledger WHERE COALESCE(until, ts) > ?",
                                (since if since is not None else -1e300,)).fetchone()
         return float(row[0])
+
+    def spent_by_unit(self) -> dict[str, float]:
+        """Σ ε of the ledger per privacy unit (``device``, ``value``)."""
+        rows = self._db.execute("SELECT unit, SUM(epsilon) FROM ledger GROUP BY unit ORDER BY unit").fetchall()
+        return {u: float(e) for u, e in rows}
 
     def spent_by_stream(self) -> dict[str, float]:
         rows = self._db.execute("SELECT stream, SUM(epsilon) FROM ledger GROUP BY stream ORDER BY stream").fetchall()
@@ -671,9 +723,10 @@ class State:
             "ok": abs(ledger_total - reports_total) <= 1e-9 * max(1.0, ledger_total) and orphan == 0,
         }
 
-    def integrity_check(self) -> list[str]:
-        """``PRAGMA integrity_check``: ``["ok"]`` for a sound database."""
-        return [r[0] for r in self._db.execute("PRAGMA integrity_check").fetchall()]
+    def integrity_check(self, quick: bool = False) -> list[str]:
+        """``PRAGMA integrity_check`` (``quick_check`` with ``quick``: O(N), no index cross-checks): ``["ok"]`` for a
+        sound database."""
+        return [r[0] for r in self._db.execute(f"PRAGMA {'quick_check' if quick else 'integrity_check'}").fetchall()]
 
     def status(self) -> dict[str, Any]:
         return {
@@ -683,8 +736,10 @@ class State:
             "spent_total": self.spent(),
             "spent_delta": self.spent_delta(),
             "spent_by_stream": self.spent_by_stream(),
+            "spent_by_unit": self.spent_by_unit(),
             "outbox": self.outbox_totals(),
             "memo_entries": int(self._db.execute("SELECT COUNT(*) FROM memo").fetchone()[0]),
             "counters": self.counters(),
             "rounds": dict(self._db.execute("SELECT status, COUNT(*) FROM rounds GROUP BY status").fetchall()),
+            "ledger_resets": self.resets(),
         }

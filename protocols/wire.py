@@ -82,9 +82,11 @@ __all__ = [
 class WireError(ValueError):
     """A message that is malformed, unsigned, wrongly signed or otherwise unacceptable. ``reason`` is a short code."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", device_id: str | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        #: the (authenticated) device a rejection is charged to, where one is known (per-device counters)
+        self.device_id = device_id
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)

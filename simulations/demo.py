@@ -25,10 +25,12 @@ What runs (``make demo``; docs/demo.md):
 Streams (per device, per round): ``profile`` — the Haar record mechanism (:class:`protocols.pipeline.HaarRecord`,
 ε = 4) over (age, education, hours); ``load`` — HM (ε = 2), α-rounded with the planned steps; ``sex`` — ``auto``
 (ε = 1, GRR); ``country`` — OUE (ε = 2) over the round's heavy-hitter items; ``app`` — LOLOHA (ε∞ = 4, ε1 = 2),
-memoized: a device is charged ε∞ only for a new hashed value, every report is a fresh IRR. The ε are large because
-a few hundred devices is a tiny population for LDP (interval widths shrink as 1/√n); memoization makes a repeated
-value free, so the ledger total per device is far below rounds × 13. The table shows the *unbiased* estimates
-and their intervals (no consistency post-processing), so the coverage can be checked.
+its memoized PRR re-randomized by a fresh IRR in every report. The devices run the default ``device`` privacy unit
+(edge_agent.config): every report is a fresh randomization charged its ε (LOLOHA: its IRR's ε for an arbitrary
+input change), so each device's ledger total bounds everything it released against any other readings; nothing is
+served from a memo. The ε are large because a few hundred devices is a tiny population for LDP (interval widths
+shrink as 1/√n). The table shows the *unbiased* estimates and their intervals (no consistency post-processing), so
+the coverage can be checked.
 
 Output: the table of true vs estimated values on stdout, and in ``--out``: ``report.html`` (charts with bands and
 the truth, the table), ``dashboard.html`` (the coordinator's live dashboard page), ``estimates.json`` and the run's
@@ -508,8 +510,9 @@ def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
     log(f"coordinator: accepted {m.get('accepted')} reports, duplicates {m.get('duplicates')}, rejected "
         f"{m.get('rejected_total')}; intervals covering the truth: {100 * result.coverage:.1f}% "
         f"(nominal {100 * cfg.level:.0f}%)")
-    log(f"privacy spent per device (ledger): mean ε = {result.spent['mean']:.2f}, max ε = {result.spent['max']:.2f} "
-        f"for {int(result.spent['reports_per_device'])} reports ({hits} memo hits cost nothing)")
+    log(f"privacy spent per device (ledger, device unit: everything a device released, against any other "
+        f"readings): mean ε = {result.spent['mean']:.2f}, max ε = {result.spent['max']:.2f} for "
+        f"{int(result.spent['reports_per_device'])} reports ({hits} memo hits)")
     log(f"report: {result.report_path}   dashboard snapshot: {result.dashboard_path}")
     log(f"done in {result.seconds:.1f} s ({cfg.agents} agents, {cfg.rounds} rounds)")
     return result

@@ -132,6 +132,7 @@ class SimFleetSpec:
     epsilon: float = 1.0
     streams: tuple[str, ...] = ("age", "edu", "syn")
     signature: str = "ed25519"
+    unit: str = "device"  # the devices' privacy unit (edge_agent.config): device, or value (memoized reports)
 
     def __post_init__(self) -> None:
         from protocols import wire
@@ -196,7 +197,7 @@ def device_config(spec: SimFleetSpec, device: int) -> Any:
     return simple_config(
         f"sim-{device:06d}", Path(spec.state_root) / f"d{device // 1000:04d}" / f"{device:06d}", dims, streams,
         epsilon=spec.epsilon, total_cap=1e6, coordinator_public_key=spec.coordinator_public_key,
-        privacy={"max_round_epsilon": spec.max_round_epsilon, "round_policy": "clamp"},
+        privacy={"max_round_epsilon": spec.max_round_epsilon, "round_policy": "clamp", "unit": spec.unit},
     )
 
 
@@ -207,10 +208,10 @@ def round_params(spec: SimFleetSpec) -> dict[str, Any]:
         kind, _, k, mech = STREAMS[name]
         if kind == "numeric":
             streams[name] = {"kind": "numeric", "mechanism": mech, "params": {"epsilon": spec.epsilon},
-                             "dims": [name], "bounds": [[0.0, float(k - 1)]]}
+                             "dims": [name], "bounds": [[0.0, float(k - 1)]], "unit": spec.unit}
         else:
             streams[name] = {"kind": "frequency", "mechanism": mech, "params": {"epsilon": spec.epsilon, "k": k},
-                             "dims": [name]}
+                             "dims": [name], "unit": spec.unit}
     return {"streams": streams}
 
 
@@ -489,6 +490,7 @@ def run_flower_simulation(
     adult_path: str | Path = ADULT_PATH,
     verbose: bool = False,
     signature: str = "ed25519",
+    unit: str = "device",
 ) -> FlowerSimResult:
     """Simulate ``devices`` devices in ``nodes`` virtual SuperNodes (or shards of ``shard_size``) for ``rounds``
     rounds on Flower's Simulation Runtime (Ray). Round 1 uses the base parameters, later rounds are planned from the
@@ -533,7 +535,7 @@ def run_flower_simulation(
     spec = SimFleetSpec(
         run_id=f"{os.getpid()}-{time.time_ns()}", n_devices=devices, shard_size=shard_size,
         state_root=str(root / "devices"), coordinator_public_key=wire.public_key_b64(key), seed=seed,
-        adult_path=str(adult_path), epsilon=epsilon, streams=tuple(streams), signature=signature,
+        adult_path=str(adult_path), epsilon=epsilon, streams=tuple(streams), signature=signature, unit=unit,
     )
     n_nodes = spec.n_shards
     workers = min(workers, n_nodes)

@@ -111,6 +111,14 @@ class DDRM(LongitudinalProtocol):
         allowed = np.cumsum(v != 0, axis=-1) <= self.max_nonzero
         return np.where(allowed, v, 0)
 
+    def device_epsilon(self, reports: int) -> float:
+        """The exact worst case over *all* pairs of streams of length ``reports``: ε · min(max_nonzero, nodes
+        released by then). Any stream reports at most that many non-zero nodes, and the loss of a pair is at most
+        ε·max(|A|, |B|) (module docstring); two streams whose non-zero nodes coincide with opposite signs attain it.
+        It depends on the number of changes allowed, not on the number of reports once the tree is large enough."""
+        t = check_int(reports, "reports", 0, self.horizon)
+        return self.epsilon_inf * min(self.max_nonzero, int(self.released_by[t]))
+
     def charged_total(self, values: Any, **device: Any) -> float:
         """ε per non-zero node reported (after truncation)."""
         return self.epsilon_inf * int(np.count_nonzero(self.node_values(np.asarray(values).ravel())))

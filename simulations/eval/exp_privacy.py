@@ -135,6 +135,7 @@ def run(config: EvalConfig) -> Section:
     plt.close(fig)
 
     cheapest = min((k for k in summary if k != BASELINE), key=lambda k: summary[k]["mean"])
+    protos = _protocols()
     findings = [
         f"Syn changes value in {changes:.0%} of rounds; a device sees {np.mean(distinct):.1f} distinct values on "
         f"average over {tau} rounds, so value-memoized protocols (L-GRR, L-OSUE, RAPPOR) charge about that many "
@@ -143,8 +144,12 @@ def run(config: EvalConfig) -> Section:
         f"Cheapest: {cheapest} (mean {fmt_float(summary[cheapest]['mean'])}, bound "
         f"{fmt_float(summary[cheapest]['bound'])}); LOLOHA's hashing caps the spend at g·ε∞ whatever the changes, "
         "dBitFlipPM (d = 1) at 2ε — at the utility cost shown in experiment 4.",
-        "These totals bound what the transcript reveals about the values; the times at which a value changes are "
-        "protected only by a fresh IRR (ε1 per report) — dBitFlipPM and 1BitMean (γ = 0) have none.",
+        "These are value-unit totals: they bound what the transcript reveals about each value, not when a value "
+        f"changes, which only the IRR protects — at ε = {fmt_float(protos['L-GRR'].irr_input_epsilon)} per report "
+        f"for L-GRR here (more than ε1 = {fmt_float(protos['L-GRR'].epsilon_1)}); dBitFlipPM and 1BitMean (γ = 0) "
+        f"have none. Under the device unit (edge_agent's default) L-GRR over {tau} rounds costs "
+        f"{fmt_float(protos['L-GRR'].device_epsilon(tau))}, a fresh GRR at ε1 every round "
+        f"{fmt_float(protos['L-GRR'].epsilon_1 * tau)}.",
     ]
     setup = f"""
 Syn (n = {n} devices, τ = {tau} rounds, k = {SYN_K}); every protocol at **ε∞ = {EPSILON:g}** (chains: ε1 = ε/2; RAPPOR

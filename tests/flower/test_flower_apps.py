@@ -131,7 +131,9 @@ def _coordinator(fast_path, spec_factory, rounds=2, **kw):
 
 @pytest.mark.parametrize("signature", ["ed25519", "hmac-sha256"])
 def test_rounds_over_loopback_grid(fast_path, signature):
-    spec, store, coord = _coordinator(fast_path, lambda k: _spec(fast_path, k, n=40, shard=10, signature=signature))
+    # the value unit (memoized reports): the memo-hit path over Flower; the device unit is the default elsewhere
+    spec, store, coord = _coordinator(fast_path, lambda k: _spec(fast_path, k, n=40, shard=10, signature=signature,
+                                                                 unit="value"))
     grid = LoopbackGrid(make_client_app(SimHostFactory(spec)), {100 + p: {"partition-id": p} for p in range(4)})
     try:
         s1, s2 = coord.run(grid)

@@ -32,8 +32,9 @@ Z = 5.0  # tolerance in standard errors (device noise comes from OS entropy: not
 @pytest.fixture(scope="module")
 def sim(fast_module_path):
     workdir = fast_module_path / "sim"
+    # the value unit (memoized reports): this test follows memo hits across planned rounds
     return flower_sim.run_flower_simulation(DEVICES, nodes=NODES, rounds=ROUNDS, seed=20261122, workdir=workdir,
-                                            timeout=120.0)
+                                            timeout=120.0, unit="value")
 
 
 def test_simulation_end_to_end(sim):

@@ -130,12 +130,15 @@ def test_two_rounds_over_mosquitto_second_planned_from_the_first(tmp_path, mosqu
         stop.set()
         fleet.join(30)
         coord.close()
-    for a in agents:  # ledger = outbox (+ compacted) on every device; the longitudinal stream charged ε∞ per value
+    from protocols.longitudinal import LGRR
+
+    irr = LGRR(3.0, 1.5, 4).irr_input_epsilon
+    for a in agents:  # ledger = outbox (+ compacted) on every device; the device unit charges every report
         st = State(a.config.database_path)
         try:
             assert st.check_invariants()["ok"]
             app = [row["epsilon"] for row in st.ledger_rows(stream="app")]
-            assert app in ([3.0], [3.0, 3.0])
+            assert app == pytest.approx([irr, irr])  # the chain's IRR ε per report (device unit)
             assert st.pending_count() == 0
         finally:
             st.close()

@@ -91,7 +91,7 @@ def test_normalisation(tmp_path):
 
 def test_memo_hit_costs_nothing_and_returns_the_same_body(tmp_path):
     rows = [{"cpu": 42.0, "temp": 20.0, "mode": 1}] * 3 + [{"cpu": 43.0, "temp": 20.0, "mode": 1}]
-    agent = _agent(tmp_path, rows)
+    agent = _agent(tmp_path, rows, privacy={"unit": "value"})
     first = agent.report("r0")
     assert first.charged == 3.0 and not any(c.memo_hit for c in first.commits)
     second = agent.report("r1")

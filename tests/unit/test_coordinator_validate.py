@@ -86,10 +86,10 @@ def test_replay_below_high_water_mark(setup):
     new = dev.report("r2", "cpu", "hybrid", {"report": 0.2})  # seq 2
     store.commit_batch([v.check(*new)], {})
     v.batch_committed()
-    assert reason(v, *old) == "replay"
+    assert reason(v, *old) == "seq_regression"
     # a second process (fresh validator) sees the persisted high-water mark
     assert Validator(store)._hwm[dev.device_id] == 2
-    assert reason(Validator(store), *old) == "replay"
+    assert reason(Validator(store), *old) == "seq_regression"
     # with a replay window the late (never stored) seq 1 is accepted, exactly once
     win = Validator(store, replay_window=4)
     store.commit_batch([win.check(*old)], {})
@@ -211,7 +211,7 @@ def test_check_batch_matches_message_by_message(setup):
     msgs += [msgs[0], new_c, old_c, ("haarvest/v1/reports/" + a.device_id, b"{")]
     results = v.check_batch(msgs)
     kinds = [r.reason if isinstance(r, wire.WireError) else "ok" for r in results]
-    assert kinds == ["ok", "bad_body", "ok", "duplicate", "ok", "replay", "malformed"]
+    assert kinds == ["ok", "bad_body", "ok", "duplicate", "ok", "seq_regression", "malformed"]
     assert store.commit_batch([r for r in results if not isinstance(r, wire.WireError)], {}) == 3
     v.batch_committed()
     # the out-of-support report reserved nothing: b's next report for r1 is still accepted

@@ -99,7 +99,9 @@ def test_version_1_state_database_is_migrated_in_place(tmp_path):
     db.close()
     with State(path) as st:
         assert [r["delta"] for r in st.ledger_rows()] == [None] and st.spent() == 0.5
-        assert int(st._get("schema_version")) == SCHEMA_VERSION == 2
+        # every charge before privacy units was a per-value memo charge
+        assert [r["unit"] for r in st.ledger_rows()] == ["value"] and st.spent_by_unit() == {"value": 0.5}
+        assert int(st._get("schema_version")) == SCHEMA_VERSION == 3
     with State(path) as st:  # idempotent
         assert len(list(st.ledger_rows())) == 1
 

@@ -19,6 +19,7 @@ from edge_agent.embed import categorical, new_identity, numeric, simple_config
 from edge_agent.pipeline import Pipeline, stream_specs
 from edge_agent.sources import CallableSource
 from protocols import wire
+from protocols.longitudinal import LOLOHA
 from protocols.longitudinal import memo_key as protocol_memo_key
 from protocols.longitudinal.memo import encode_value
 from protocols.pipeline import HaarRecord, choose_mechanism
@@ -35,10 +36,12 @@ STREAMS = [
 ]
 
 
-def _cfg(i, tmp_path, streams=STREAMS, dims=DIMS):
+def _cfg(i, tmp_path, streams=STREAMS, dims=DIMS, unit="value"):
+    """Most tests here check memo keys and memo hits: the ``value`` unit (memoized); the device unit is tested
+    where it differs."""
     return simple_config(f"dev-{i:04d}", tmp_path / f"d{i}", dims, streams,
                          coordinator_public_key=wire.public_key_b64(COORD), total_cap=1e6,
-                         privacy={"epsilon": 1.0, "max_round_epsilon": 10.0})
+                         privacy={"epsilon": 1.0, "max_round_epsilon": 10.0, "unit": unit})
 
 
 def _round(rid, params, eps=10.0, **kw):
@@ -77,7 +80,7 @@ def test_component_form_of_haar_is_converted_to_haar_record_params():
                                    "detail": {"mechanism": "ksampling", "params": {"epsilon": 1.5, "d": 3}}})
 
 
-def _fleet(tmp_path, n, rng):
+def _fleet(tmp_path, n, rng, unit="value"):
     data = {
         "age": rng.uniform(17, 90, n), "hours": rng.normal(40, 12, n).clip(1, 99), "edu": rng.integers(1, 17, n),
         "load": rng.uniform(10, 60, n), "sex": rng.integers(0, 2, n), "app": rng.choice(6, n, p=[.4, .3, .1, .1, .1, 0]),
@@ -85,15 +88,16 @@ def _fleet(tmp_path, n, rng):
     agents = []
     for i in range(n):
         row = {k: (int(v[i]) if k in ("sex", "app") else float(v[i])) for k, v in data.items()}
-        agents.append(Agent(_cfg(i, tmp_path), CallableSource(lambda r=row: dict(r)), secrets=new_identity(),
+        agents.append(Agent(_cfg(i, tmp_path, unit=unit), CallableSource(lambda r=row: dict(r)), secrets=new_identity(),
                             transport=False).open())
     return agents, data
 
 
-def test_round_from_device_specs_is_answered_validated_and_decoded_within_intervals(tmp_path):
+@pytest.mark.parametrize("unit", ["device", "value"])
+def test_round_from_device_specs_is_answered_validated_and_decoded_within_intervals(tmp_path, unit):
     rng = np.random.default_rng(11)
     n = 240
-    agents, data = _fleet(tmp_path, n, rng)
+    agents, data = _fleet(tmp_path, n, rng, unit)
     store = SQLiteStore(tmp_path / "c.db")
     for a in agents:
         store.upsert_device(a.config.device_id, a.secrets.public_key_b64)
@@ -108,15 +112,19 @@ def test_round_from_device_specs_is_answered_validated_and_decoded_within_interv
             assert out is not None and not out.refused and len(out.commits) == 4
             accepted += [validator.check(wire.report_topic(a.config.device_id), c.payload) for c in out.commits]
         assert store.commit_batch(accepted, {}) == 4 * n
-    # the longitudinal stream: ε∞ once per memo slot, a fresh IRR each round
     charges = [c["epsilon"] for c in agents[0].state.ledger_rows(stream="app")]
-    assert charges == [2.0]
+    if unit == "value":  # the longitudinal stream: ε∞ once per memo slot, a fresh IRR each round
+        assert charges == [2.0]
+    else:  # every report charged the IRR's ε for an arbitrary input change
+        irr = LOLOHA(2.0, 1.0, 6, g=3).epsilon_irr
+        assert charges == pytest.approx([irr, irr])
+        assert all(r["unit"] == "device" for r in agents[0].state.ledger_rows())
     est = estimate_round(store, "r1", level=0.9999)
     truth = {"profile": [data["age"].mean(), data["hours"].mean(), data["edu"].mean()], "load": [data["load"].mean()],
              "sex": np.bincount(data["sex"], minlength=2) / n, "app": np.bincount(data["app"], minlength=6) / n}
     for stream, t in truth.items():
         e = est[stream]
-        assert e.error is None and e.n == n, (stream, e.error)
+        assert e.error is None and e.n == n and e.unit == unit, (stream, e.error)
         assert np.all(np.asarray(e.ci_low) <= t) and np.all(np.asarray(t) <= e.ci_high), (stream, t, e)
     assert est["profile"].kind == "haar" and est["app"].kind == "longitudinal"
     for a in agents:

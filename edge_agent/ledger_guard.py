@@ -1,0 +1,191 @@
+"""The ledger cannot be silently reset: a monotonic mark outside the database, checked at every start.
+
+A device's privacy ledger lives in its SQLite database. Deleting or truncating that file, losing its ``-wal`` file
+or restoring an older copy would make the agent start again with an empty (or smaller) ledger and a full budget.
+To make that impossible without a word, the agent keeps a small **mark** file beside the database
+(``<state_dir>/ledger.mark``, JSON, replaced atomically: write, fsync, rename, fsync of the directory) holding
+what the ledger had reached after the last committed device round:
+
+* ``ledger_id`` — a random id drawn when the database was created (in its ``meta`` table);
+* ``boot``, ``next_seq``, ``ledger_rows`` (the highest ledger row id; rows are append-only) and ``spent_total``.
+
+All four numbers only grow. The mark is written *after* each commit, so after a crash it can lag the database but
+never lead it. At start (:func:`check_ledger`, before the database is opened or created) the agent refuses to run —
+:class:`LedgerIntegrityError`, one line, ``haarvest agent run`` exits 2 — when
+
+* the device identity (its key files) or a mark exists but the database is missing or empty;
+* the database's ``ledger_id`` differs from the mark's (another ledger was put in its place);
+* any of the database's numbers is smaller than the mark's (an older copy, a lost ``-wal`` file, a truncation);
+* the database fails SQLite's ``quick_check`` or the ledger/outbox invariant.
+
+An operator who really means to start a new ledger runs ``haarvest agent reset-ledger --yes``
+(:func:`reset_ledger`): the old database is kept aside (never deleted), the new one continues the sequence numbers
+and boot counter (so the coordinator sees no sequence regression) and records the reset in its ``resets`` table;
+the reset is also appended to ``<state_dir>/ledger.resets`` (JSON lines, outside the database) and counted in the
+mark. A restore of the *whole* state directory (database and mark together) cannot be seen on the device; the
+coordinator flags the sequence regression it causes (``seq_regression``, counted per device).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LedgerIntegrityError", "MARK_NAME", "RESETS_NAME", "read_mark", "write_mark", "start_mark",
+           "check_ledger", "compare", "reset_ledger"]
+
+MARK_NAME = "ledger.mark"
+RESETS_NAME = "ledger.resets"
+#: the mark's monotonic numbers, in the order they are compared
+MONOTONIC = ("boot", "next_seq", "ledger_rows", "spent_total")
+
+
+class LedgerIntegrityError(RuntimeError):
+    """The ledger is missing, older than the device's mark, another ledger, or inconsistent: the agent refuses to
+    start (the message is one line and says how to reset on purpose)."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_mark(state_dir: Path) -> dict[str, Any] | None:
+    """The mark file's content, or None if there is none. LedgerIntegrityError if it is unreadable."""
+    path = Path(state_dir) / MARK_NAME
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise LedgerIntegrityError(f"cannot read the ledger mark {path}: {exc.strerror or exc}") from None
+    try:
+        mark = json.loads(text)
+        if not isinstance(mark, dict) or not all(isinstance(mark.get(k), (int, float)) for k in MONOTONIC):
+            raise ValueError("missing fields")
+    except ValueError:
+        raise LedgerIntegrityError(f"the ledger mark {path} is corrupt; restore it or run "
+                                   f"`haarvest agent reset-ledger --yes` to start a recorded new ledger") from None
+    return mark
+
+
+def write_mark(state_dir: Path, mark: dict[str, Any]) -> None:
+    """Replace the mark atomically and durably (temporary file, fsync, rename, fsync of the directory)."""
+    state_dir = Path(state_dir)
+    tmp = state_dir / (MARK_NAME + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(mark, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, state_dir / MARK_NAME)
+    _fsync_dir(state_dir)
+
+
+def start_mark(state_dir: Path) -> None:
+    """The mark of a device whose ledger does not exist yet (written when its identity is created)."""
+    Path(state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_mark(state_dir, {"ledger_id": None, "boot": 0, "next_seq": 0, "ledger_rows": 0, "spent_total": 0.0,
+                           "resets": 0})
+
+
+def _reset_hint(db: Path) -> str:
+    return (f"if the ledger was lost or replaced on purpose, run `haarvest agent reset-ledger --yes` "
+            f"(recorded; the old database is kept) — state {db.parent}")
+
+
+def check_ledger(database: Path, identity_exists: bool) -> dict[str, Any] | None:
+    """Refuse to start on a missing, older, foreign or inconsistent ledger (:class:`LedgerIntegrityError`).
+
+    Call it *before* opening the database (opening creates one). Returns the mark (None if there is none yet).
+    The numbers themselves are compared by :func:`compare`, once the database is open.
+    """
+    database = Path(database)
+    mark = read_mark(database.parent)
+    db_ok = database.exists() and database.stat().st_size > 0
+    if db_ok:
+        return mark
+    if mark is not None and (mark.get("ledger_id") is not None or any(mark[k] > 0 for k in MONOTONIC)):
+        raise LedgerIntegrityError(f"the ledger database {database} is missing or empty but the device's mark says it "
+                                   f"had reached seq {int(mark['next_seq'])} and ε {mark['spent_total']:.6g}; "
+                                   + _reset_hint(database))
+    if mark is None and identity_exists:
+        raise LedgerIntegrityError(f"the ledger database {database} is missing but the device identity exists and "
+                                   f"no ledger mark was ever written; " + _reset_hint(database))
+    return mark
+
+
+def compare(state: Any, mark: dict[str, Any] | None) -> None:
+    """The open database against the mark: same ledger, no number smaller, sound (LedgerIntegrityError)."""
+    db = Path(state.path)
+    check = state.integrity_check(quick=True)
+    if check != ["ok"]:
+        raise LedgerIntegrityError(f"the ledger database {db} is damaged ({check[0]}); " + _reset_hint(db))
+    inv = state.check_invariants()
+    if not inv["ok"]:
+        raise LedgerIntegrityError(f"the ledger database {db} is inconsistent (ledger ε {inv['ledger_total']:.6g} vs "
+                                   f"reports ε {inv['reports_total']:.6g}); " + _reset_hint(db))
+    if mark is None:
+        return
+    now = state.mark()
+    if mark.get("ledger_id") is not None and mark["ledger_id"] != now["ledger_id"]:
+        raise LedgerIntegrityError(f"the ledger database {db} is not the device's ledger (id {now['ledger_id']}, "
+                                   f"the mark says {mark['ledger_id']}); " + _reset_hint(db))
+    for key in MONOTONIC:
+        if now[key] < mark[key] - (1e-9 * max(1.0, abs(mark[key])) if key == "spent_total" else 0):
+            raise LedgerIntegrityError(f"the ledger database {db} is older than the device's last state ({key} "
+                                       f"{now[key]:.6g} < {mark[key]:.6g}: a restored copy or a lost -wal file?); "
+                                       + _reset_hint(db))
+
+
+def reset_ledger(database: Path, *, reason: str = "", next_seq: int | None = None, now: float | None = None
+                 ) -> dict[str, Any]:
+    """Start a new, recorded ledger: keep the old database aside, continue ``next_seq`` and ``boot`` (the larger of
+    the old database's, the mark's and ``next_seq``), record the reset in the new database, in
+    ``ledger.resets`` and in the mark. Returns the reset record."""
+    from .state import State
+
+    database = Path(database)
+    state_dir = database.parent
+    now = time.time() if now is None else now
+    mark = None
+    try:
+        mark = read_mark(state_dir)
+    except LedgerIntegrityError:
+        pass
+    old: dict[str, Any] = {}
+    if database.exists() and database.stat().st_size > 0:
+        try:
+            with State(database) as st:
+                old = st.mark()
+        except (sqlite3.DatabaseError, RuntimeError):
+            old = {}
+    seq = max(int(old.get("next_seq", 0)), int((mark or {}).get("next_seq", 0)), int(next_seq or 0))
+    boot = max(int(old.get("boot", 0)), int((mark or {}).get("boot", 0)))
+    resets = int((mark or {}).get("resets", 0)) + 1
+    kept = None
+    if database.exists():
+        kept = database.with_name(f"{database.name}.reset-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(database) + suffix)
+            if src.exists():
+                os.replace(src, Path(str(kept) + suffix))
+    record = {"ts": now, "reason": reason, "old_ledger_id": old.get("ledger_id") or (mark or {}).get("ledger_id"),
+              "old_spent_total": old.get("spent_total", (mark or {}).get("spent_total")), "next_seq": seq,
+              "boot": boot, "kept": str(kept) if kept else None, "resets": resets}
+    with State(database) as st:
+        st.record_reset(record)
+        new_mark = st.mark()
+    with open(state_dir / RESETS_NAME, "a") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    write_mark(state_dir, {**new_mark, "resets": resets})
+    return record

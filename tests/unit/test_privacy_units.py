@@ -1,0 +1,348 @@
+"""The ledger's number is a true upper bound for the privacy unit it names — checked by exact enumeration.
+
+Two units (edge_agent.config):
+
+* ``device`` — the ledger's total bounds ln P[transcript | a]/P[transcript | b] of everything a device released,
+  against *any* other reading sequence b;
+* ``value`` — the total bounds the loss about each distinct value: for sequences with the same memo pattern.
+
+Part 1 enumerates every pair of value sequences with τ ≤ 4 over small domains for every longitudinal protocol
+and checks ``device_epsilon(τ)`` (device unit) and ``charged_total`` (value unit, same pattern) against the exact
+whole-transcript loss. Part 2 runs the real :class:`~edge_agent.agent.Agent` (its SQLite ledger) on every sequence
+of τ ≤ 3 and checks its ledger against the exact loss of the transcript it actually produced (fresh reports or
+verbatim memo copies, as the agent did them); the negative control — a memoizing agent whose ledger is read under
+the device unit — must be caught.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from edge_agent.agent import Agent
+from edge_agent.embed import categorical, new_identity, numeric, simple_config
+from edge_agent.sources import IterableSource
+from protocols.hashing import hash_values
+from protocols.longitudinal import DDRM, LGRR, LOLOHA, LOSUE, LSUE, RAPPOR, grr_chain, slot_pattern
+from protocols.longitudinal.memo import encode_value
+from protocols.longitudinal.rappor import bloom_indices
+from tests.unit.test_longitudinal_exact import grr_matrix, max_log_ratio, transcript_distribution
+
+REL = 1e-9
+
+
+def _pairs(k: int, tau: int):
+    seqs = list(itertools.product(range(k), repeat=tau))
+    return seqs, list(itertools.combinations(range(len(seqs)), 2))
+
+
+def _check_all_pairs(protocol, k: int, tau: int, loss, slots=None) -> tuple[float, int]:
+    """Every pair (a, b) of sequences over [k]^τ: loss ≤ device_epsilon(τ); same pattern: loss ≤ charged (value
+    unit). Returns (the largest loss, how many differently-patterned pairs exceed the value unit's charge)."""
+    seqs, pairs = _pairs(k, tau)
+    slots = slots or (lambda s: protocol.memo_slots(list(s)))
+    bound = protocol.device_epsilon(tau)
+    worst, over_value = 0.0, 0
+    for i, j in pairs:
+        a, b = seqs[i], seqs[j]
+        ell = loss(a, b)
+        worst = max(worst, ell)
+        assert ell <= bound * (1 + REL) + 1e-12, (a, b, ell, bound)
+        charged = min(protocol.charged_total(list(a)), protocol.charged_total(list(b))) if slots else None
+        if slot_pattern(slots(a)) == slot_pattern(slots(b)):
+            assert ell <= charged * (1 + REL) + 1e-12, (a, b, ell, charged)
+        elif ell > charged * (1 + REL):
+            over_value += 1
+    return worst, over_value
+
+
+@pytest.mark.parametrize("eps_inf,eps_1", [(1.0, 0.9), (2.0, 1.0), (4.0, 0.5)])
+@pytest.mark.parametrize("tau", [1, 2, 3, 4])
+def test_lgrr_every_pair_within_device_and_value_charges(eps_inf, eps_1, tau):
+    k = 3
+    protocol = LGRR(eps_inf, eps_1, k)
+    c = protocol.chain
+    p1, p2 = grr_matrix(k, c.p1), grr_matrix(k, c.p2)
+    cache: dict = {}
+
+    def dist(seq):
+        if seq not in cache:
+            cache[seq] = transcript_distribution(p1, p2, list(seq), {s: s for s in seq})
+        return cache[seq]
+
+    worst, over_value = _check_all_pairs(protocol, k, tau, lambda a, b: max_log_ratio(dist(a), dist(b)))
+    if tau == 1:
+        assert worst == pytest.approx(eps_1)
+    if tau >= 2 and (eps_inf, eps_1) == (1.0, 0.9):
+        assert over_value > 0  # the value unit does not bound change times: (0,0) vs (0,1) exceeds it
+
+
+def test_lgrr_audit_finding_is_within_the_device_charge():
+    """The audit's pair: (0,0,1,1) vs (0,2,0,2), L-GRR(1, 0.9, k=4): 6.93 against 2 charged per value."""
+    protocol = LGRR(1.0, 0.9, 4)
+    c = protocol.chain
+    p1, p2 = grr_matrix(4, c.p1), grr_matrix(4, c.p2)
+    a, b = [0, 0, 1, 1], [0, 2, 0, 2]
+    loss = max_log_ratio(transcript_distribution(p1, p2, a, {s: s for s in a}),
+                         transcript_distribution(p1, p2, b, {s: s for s in b}))
+    assert loss == pytest.approx(6.93, abs=0.01)
+    assert loss > protocol.charged_total(a) == pytest.approx(2.0)
+    assert loss <= protocol.device_epsilon(4)
+
+
+@pytest.mark.parametrize("tau", [1, 2, 3, 4])
+def test_loloha_every_pair_within_device_and_value_charges(tau):
+    k, g = 3, 2
+    protocol = LOLOHA(2.0, 1.0, k, g=g)
+    seed = next(s for s in range(1, 10_000) if len(set(hash_values(s, np.arange(k), g).tolist())) == g)
+    c = protocol.chain
+    p1, p2 = grr_matrix(g, c.p1), grr_matrix(g, c.p2)
+
+    def slots(seq):
+        return protocol.memo_slots(list(seq), seed=seed)
+
+    def dist(seq):
+        s = slots(seq)
+        return transcript_distribution(p1, p2, s, {h: h for h in s})
+
+    charged = protocol.charged_total
+    protocol.charged_total = lambda values, **kw: charged(values, seed=seed)  # the pinned device parameter
+    _check_all_pairs(protocol, k, tau, lambda a, b: max_log_ratio(dist(a), dist(b)), slots=slots)
+
+
+def _bitwise_loss(k_bits: int, bits_of, p1: float, q1: float, p2: float, q2: float, a, b) -> float:
+    """Exact loss of a memoized unary/Bloom chain: bit positions are independent, so the worst transcript takes
+    the worst pattern per bit; per bit, enumerate the PRR bits of the distinct values."""
+    tau = len(a)
+    outs = list(itertools.product((0, 1), repeat=tau))
+
+    def bit_dist(seq, j):
+        distinct = list(dict.fromkeys(seq))
+        out = np.zeros(len(outs))
+        for zs in itertools.product((0, 1), repeat=len(distinct)):
+            z = dict(zip(distinct, zs))
+            w = math.prod((p1 if j in bits_of(v) else q1) if z[v] else (1 - (p1 if j in bits_of(v) else q1))
+                          for v in distinct)
+            for o, y in enumerate(outs):
+                w_y = 1.0
+                for t in range(tau):
+                    one = p2 if z[seq[t]] else q2
+                    w_y *= one if y[t] else 1 - one
+                out[o] += w * w_y
+        return out
+
+    fwd = bwd = 0.0
+    for j in range(k_bits):
+        pa, pb = bit_dist(a, j), bit_dist(b, j)
+        fwd += float(np.log(pa / pb).max())
+        bwd += float(np.log(pb / pa).max())
+    return max(fwd, bwd)
+
+
+@pytest.mark.parametrize("cls", [LSUE, LOSUE])
+@pytest.mark.parametrize("tau", [1, 2, 3])
+def test_unary_chains_every_pair_within_device_and_value_charges(cls, tau):
+    k = 3
+    protocol = cls(2.0, 1.0, k)
+    c = protocol.chain
+    worst, _ = _check_all_pairs(protocol, k, tau,
+                                lambda a, b: _bitwise_loss(k, lambda v: {v}, c.p1, c.q1, c.p2, c.q2, a, b))
+    if tau == 1:
+        assert worst == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("tau", [1, 2, 3])
+def test_rappor_every_pair_within_device_and_value_charges(tau):
+    m, h = 4, 1
+    protocol = RAPPOR(num_bits=m, num_hashes=h, num_cohorts=1, f=0.5, p=0.4, q=0.8)
+    bits = {v: set(bloom_indices(encode_value(v), 0, m, h)) for v in range(3)}
+    f = protocol.f
+    _check_all_pairs(protocol, 3, tau,
+                     lambda a, b: _bitwise_loss(m, bits.__getitem__, 1 - f / 2, f / 2, protocol.q, protocol.p, a, b))
+
+
+@pytest.mark.parametrize("tau", [1, 2, 3, 4])
+def test_ddrm_every_pair_within_the_change_bounded_device_charge(tau):
+    protocol = DDRM.for_changes(1.0, horizon=4, changes=1)
+    seqs = list(itertools.product((0, 1), repeat=tau))
+    bound = protocol.device_epsilon(tau)
+    worst = 0.0
+    for a, b in itertools.combinations(seqs, 2):
+        va, vb = protocol.node_values(np.array(a)), protocol.node_values(np.array(b))
+        directions = []
+        for first, second in ((va, vb), (vb, va)):
+            total = 0.0
+            for x, y in zip(first, second):
+                pa, pb = 0.5 + 0.5 * x / protocol.c, 0.5 + 0.5 * y / protocol.c
+                total += max(math.log(pa / pb), math.log((1 - pa) / (1 - pb)))
+            directions.append(total)
+        worst = max(worst, max(directions))
+        assert max(directions) <= bound * (1 + REL) + 1e-12
+    # the charge grows with the tree's nodes only up to the change budget, not with the number of reports
+    assert protocol.device_epsilon(4) == protocol.max_nonzero * 1.0 < 4 * protocol.irr_input_epsilon + 4
+
+
+# --- Part 2: the real agent and its ledger ---------------------------------------------------------------------
+
+
+def _run_agent(tmp_path, name: str, values, stream: dict, unit: str, k: int = 3):
+    cfg = simple_config(name, tmp_path / name, [categorical("x", k)], [stream], total_cap=1e6,
+                        privacy={"unit": unit, "max_round_epsilon": 100.0})
+    agent = Agent(cfg, IterableSource([{"x": int(v)} for v in values]), secrets=new_identity(),
+                  transport=False).open()
+    commits = []
+    for t in range(len(values)):
+        out = agent.report(f"r{t}")
+        assert not out.refused
+        commits += out.commits
+    total = agent.state.spent()
+    units = {r["unit"] for r in agent.state.ledger_rows()}
+    memo_entries = agent.state.status()["memo_entries"]
+    agent.close()
+    return commits, total, units, memo_entries
+
+
+def _loss(a: np.ndarray, b: np.ndarray) -> float:
+    """max over transcripts of |ln P[y | a]/P[y | b]| (inf where one side has probability 0 and the other not)."""
+    if np.any((a > 0) != (b > 0)):
+        return math.inf
+    both = a > 0
+    return float(np.abs(np.log(a[both]) - np.log(b[both])).max())
+
+
+def _agent_exact(tmp_path, unit: str, stream: dict, model, tau_max: int = 3, k: int = 3):
+    """Run the agent on every sequence of τ ≤ tau_max; return [(a, b, exact loss, ledger(a), ledger(b))]."""
+    out = []
+    for tau in range(1, tau_max + 1):
+        seqs = list(itertools.product(range(k), repeat=tau))
+        runs = {}
+        for i, s in enumerate(seqs):
+            commits, total, units, memo = _run_agent(tmp_path, f"{unit}-{tau}-{i}", s, stream, unit, k)
+            assert units <= {unit}
+            runs[s] = (model(s, commits), total, memo)
+        for a, b in itertools.combinations(seqs, 2):
+            out.append((a, b, _loss(runs[a][0], runs[b][0]), runs[a][1], runs[b][1], runs[a][2]))
+    return out
+
+
+GRR_STREAM = {"name": "x", "dimensions": ["x"], "mechanism": "grr", "epsilon": 1.0}
+
+
+def _grr_model(values, commits):
+    """The exact distribution of the transcript the agent produced: a fresh GRR(ε = 1) report, or — for a memo
+    hit — a verbatim copy of the report first sent for that memo key (the stream, spec and value)."""
+    src = []
+    for t, c in enumerate(commits):
+        src.append(values.index(values[t]) if c.memo_hit else None)
+    m = grr_matrix(3, math.exp(1.0) / (math.exp(1.0) + 2))
+    out = np.zeros((3,) * len(values))
+    for y in itertools.product(range(3), repeat=len(values)):
+        w = 1.0
+        for t, v in enumerate(values):
+            w *= m[v, y[t]] if src[t] is None else float(y[t] == y[src[t]])
+        out[y] = w
+    return out
+
+
+def test_agent_device_unit_ledger_bounds_every_exact_transcript_loss(tmp_path):
+    rows = _agent_exact(tmp_path, "device", GRR_STREAM, _grr_model)
+    for a, b, loss, led_a, led_b, memo in rows:
+        assert memo == 0  # nothing memoized under the device unit
+        assert led_a == pytest.approx(len(a) * 1.0) and led_b == pytest.approx(len(b) * 1.0)
+        assert loss <= min(led_a, led_b) * (1 + REL), (a, b, loss, led_a)
+
+
+def test_negative_control_memoized_agent_read_under_the_device_unit_is_caught(tmp_path):
+    """The default before privacy units: memo hits re-sent verbatim and charged 0. Read as a device-level ledger,
+    its total is exceeded — (x, x) and (x, y) are told apart with certainty."""
+    rows = _agent_exact(tmp_path, "value", GRR_STREAM, _grr_model, tau_max=2)
+    violations = [(a, b, loss, led_a) for a, b, loss, led_a, led_b, _ in rows if loss > min(led_a, led_b) + 1e-9]
+    assert violations
+    assert any(math.isinf(v[2]) for v in violations)
+    # ... while the value unit's own claim holds: same memo pattern ⇒ loss ≤ ε per distinct value
+    for a, b, loss, led_a, led_b, _ in rows:
+        if slot_pattern(a) == slot_pattern(b):
+            assert loss <= min(led_a, led_b) * (1 + REL)
+
+
+@pytest.mark.parametrize("unit", ["device", "value"])
+def test_agent_longitudinal_chain_ledger_bounds_the_exact_loss_for_its_unit(tmp_path, unit):
+    stream = {"name": "x", "dimensions": ["x"], "mechanism": "lgrr", "epsilon_inf": 2.0, "epsilon_1": 1.0}
+    c = grr_chain(2.0, 1.0, 3)
+    p1, p2 = grr_matrix(3, c.p1), grr_matrix(3, c.p2)
+
+    def model(values, commits):
+        return transcript_distribution(p1, p2, list(values), {s: s for s in values})
+
+    rows = _agent_exact(tmp_path, unit, stream, model)
+    irr = LGRR(2.0, 1.0, 3).irr_input_epsilon
+    for a, b, loss, led_a, led_b, _ in rows:
+        if unit == "device":
+            assert led_a == pytest.approx(len(a) * irr)
+            assert loss <= min(led_a, led_b) * (1 + REL)
+        elif slot_pattern(a) == slot_pattern(b):
+            assert loss <= min(led_a, led_b) * (1 + REL)
+
+
+NUMERIC_STREAMS = [
+    {"name": "s", "dimensions": ["u"], "mechanism": "hybrid", "epsilon": 1.0},
+    {"name": "s", "dimensions": ["u"], "mechanism": "piecewise", "epsilon": 1.0},
+    {"name": "s", "dimensions": ["u"], "mechanism": "duchi", "epsilon": 1.0},
+    {"name": "s", "dimensions": ["u"], "mechanism": "auto", "epsilon": 1.0},
+    {"name": "s", "dimensions": ["u", "v", "w"], "mechanism": "ksampling", "epsilon": 1.0},
+    {"name": "s", "dimensions": ["u", "v", "w"], "mechanism": "duchi_md", "epsilon": 1.0},
+    {"name": "s", "dimensions": ["u", "v", "w"], "mechanism": "haar", "epsilon": 1.0},
+]
+
+
+@pytest.mark.parametrize("stream", NUMERIC_STREAMS, ids=lambda s: f"{s['mechanism']}-{len(s['dimensions'])}")
+def test_agent_numeric_streams_under_the_device_unit_are_fresh_and_fully_charged(tmp_path, stream):
+    """Continuous mechanisms: every report is a fresh draw (a verbatim copy would have infinite loss against a
+    changed value), so the transcript's loss is the sum of the per-report ε (each checked exactly in
+    test_numeric.py) and the ledger charges exactly that — whether or not the (rounded) value changed."""
+    dims = [numeric(n, 0, 100) for n in ("u", "v", "w")]
+    readings = [{"u": 40.0, "v": 1.0, "w": 2.0}] * 3 + [{"u": 41.0, "v": 1.0, "w": 2.0}]
+    cfg = simple_config("dev-n", tmp_path / "n", dims, [stream], total_cap=1e6)
+    assert cfg.privacy.unit == "device"  # the default
+    agent = Agent(cfg, IterableSource(readings), secrets=new_identity(), transport=False).open()
+    draws = []
+    maker = agent.pipeline._body_maker
+
+    def counting(plan, x):  # count privatizations: each report must be a fresh draw
+        make = maker(plan, x)
+        return lambda: draws.append(1) or make()
+
+    agent.pipeline._body_maker = counting
+    for t in range(4):
+        out = agent.report(f"r{t}")
+        assert len(out.commits) == 1 and not out.commits[0].memo_hit
+        assert out.commits[0].charged == pytest.approx(1.0)
+    assert len(draws) == 4  # fresh randomness every time, also for the repeated reading
+    assert agent.state.spent() == pytest.approx(4.0) and agent.state.status()["memo_entries"] == 0
+    assert agent.state.spent_by_unit() == {"device": pytest.approx(4.0)}
+    agent.close()
+
+
+def test_memoize_needs_the_value_unit(tmp_path):
+    from edge_agent.config import ConfigError
+
+    with pytest.raises(ConfigError, match="memoize = true needs unit = 'value'"):
+        simple_config("d", tmp_path / "s", [categorical("x", 3)],
+                      [{"name": "x", "dimensions": ["x"], "memoize": True}])
+    cfg = simple_config("d", tmp_path / "s", [categorical("x", 3)],
+                        [{"name": "x", "dimensions": ["x"], "unit": "value"}])
+    assert cfg.stream_memoizes(cfg.streams[0]) and cfg.stream_unit(cfg.streams[0]) == "value"
+
+
+def test_a_round_cannot_change_the_unit(tmp_path):
+    from edge_agent.pipeline import Pipeline, SpecMismatch
+
+    cfg = simple_config("d", tmp_path / "s", [categorical("x", 3)], [GRR_STREAM])
+    pipe = Pipeline(cfg, bytes(32))
+    spec = dict(pipe.stream_specs()["x"])
+    assert spec["unit"] == "device"
+    with pytest.raises(SpecMismatch, match="unit"):
+        pipe.plan_for("x", {**spec, "unit": "value"})
