@@ -66,6 +66,7 @@ __all__ = [
     "BODY_KEY",
     "HAAR_MECHANISM",
     "LONGITUDINAL_PROTOCOLS",
+    "CHANGE_BOUNDED",
     "haar_params_from_components",
     "StreamKind",
     "MechanismSpec",
@@ -86,7 +87,9 @@ BODY_KEY = "report"
 HAAR_MECHANISM = "haar"
 
 #: Wire names of the longitudinal protocols a stream may use → :mod:`protocols.longitudinal` protocol names.
-LONGITUDINAL_PROTOCOLS: dict[str, str] = {"lgrr": "L-GRR", "loloha": "LOLOHA"}
+LONGITUDINAL_PROTOCOLS: dict[str, str] = {"lgrr": "L-GRR", "loloha": "LOLOHA", "ddrm": "DDRM-k"}
+#: change-bounded longitudinal protocols: charged by the tree's released nodes up to a change budget (device unit)
+CHANGE_BOUNDED = ("ddrm",)
 #: Mean / detail mechanisms of :class:`protocols.pipeline.HaarRecord` (for converting the component form).
 _HAAR_MEAN = ("pdp", "piecewise", "hybrid", "duchi")
 _HAAR_DETAIL = ("ksampling", "duchi_md")

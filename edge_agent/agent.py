@@ -280,7 +280,7 @@ class Agent:
                     self._flush_counters()
                 return outcome
         cap = self.config.privacy.max_round_epsilon if round_cap is None else round_cap
-        prepared_list = pipeline.prepare(record, streams, plans)
+        prepared_list = pipeline.prepare(record, streams, plans, now=self.clock())
         requests = [
             ReportRequest(
                 stream=p.stream,
@@ -297,6 +297,8 @@ class Agent:
                 refresh=p.refresh,
                 delta=p.delta,
                 unit=p.unit,
+                until=p.until,
+                state=p.state,
             )
             for p in prepared_list
         ]
@@ -313,6 +315,8 @@ class Agent:
                 )
                 continue
             outcome.commits.append(result)
+            if prepared.on_commit is not None:
+                prepared.on_commit()
             self.stats["memo_hits" if result.memo_hit else "charged_reports"] += 1
         self.rounds_answered += 1
         log.debug(

@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.schemas import LONGITUDINAL_PROTOCOLS, HeavyHitterSpec, StreamSpec, heavy_hitter_items
+from coordinator.schemas import CHANGE_BOUNDED, LONGITUDINAL_PROTOCOLS, HeavyHitterSpec, StreamSpec, heavy_hitter_items
 from protocols import registry, wire
 from protocols.base import FrequencyOracle, NumericMechanism, os_rng
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
@@ -163,9 +163,16 @@ class StreamPlan:
         it the reports are independent IRRs and each one changes the ratio by at most that factor
         (:mod:`protocols.longitudinal.base`, bound 2).
         """
+        if self.change_bounded:  # the most one tree can charge (per report: CategoricalDDRM.step_charge)
+            return float(self.mechanism.device_epsilon(self.mechanism.horizon))
         if self.unit == "device" and self.longitudinal:
             return float(self.mechanism.irr_input_epsilon)
         return float(self.epsilon)
+
+    @property
+    def change_bounded(self) -> bool:
+        """A DDRM stream: cost grows with the value's changes (up to a declared budget), not with the reports."""
+        return self.mechanism_name in CHANGE_BOUNDED
 
     @property
     def kind(self) -> str:
@@ -222,11 +229,24 @@ class PreparedReport:
     refresh: bool = False
     delta: float = 0.0
     unit: str = "device"
+    until: float | None = None  # the end of the time the charge covers (a DDRM tree's end); None: the report
+    #: (key, state) to persist in the report's own transaction, and what to do once it committed (DDRM trees)
+    state: tuple[str, dict[str, Any]] | None = None
+    on_commit: Callable[[], None] | None = field(default=None, repr=False)
 
 
 def privacy_statement(plan: StreamPlan) -> dict[str, Any]:
     """What the ledger's number for ``plan``'s stream means, in words and numbers (``agent status``, docs)."""
     out: dict[str, Any] = {"unit": plan.unit, "mechanism": plan.mechanism_name}
+    if plan.change_bounded:
+        m = plan.mechanism
+        out["charge_per_tree"] = plan.charge
+        out["bounds"] = (f"everything this device released in a tree of {m.horizon} reports, against any other "
+                         f"readings: ε·min(M, k·nodes released), M = {m.max_nonzero} non-zero nodes "
+                         f"({m.changes} changes)")
+        out["does_not_hide"] = ("nothing beyond the charged ε; more changes than declared are reported as no change "
+                                "(a bias of the estimate, not a larger loss)")
+        return out
     if plan.unit == "device":
         out["charge_per_report"] = plan.charge
         out["bounds"] = ("everything this device released in the budget window, against any other readings: "
@@ -335,6 +355,26 @@ def _longitudinal_protocol(stream: StreamConfig, dims: tuple[DimensionConfig, ..
     return name, proto.params(), proto
 
 
+def _change_bounded_protocol(stream: StreamConfig, dims: tuple[DimensionConfig, ...],
+                             epsilon: float) -> tuple[str, dict[str, Any], Any]:
+    """A ``ddrm`` stream: :class:`protocols.longitudinal.CategoricalDDRM` with ε per node and ``params = {"horizon":
+    reports per tree, "changes": changes per tree}`` on one categorical dimension."""
+    from protocols.longitudinal import CategoricalDDRM
+
+    if dims[0].kind != "categorical" or len(dims) != 1:
+        raise ConfigError(f"stream {stream.name!r}: a ddrm stream has one categorical dimension")
+    extra = set(stream.params) - {"horizon", "changes"}
+    if extra or not {"horizon", "changes"} <= set(stream.params):
+        raise ConfigError(f"stream {stream.name!r}: ddrm takes params.horizon (reports per tree) and params.changes "
+                          f"(value changes per tree), got {sorted(stream.params)}")
+    try:
+        proto = CategoricalDDRM(epsilon, dims[0].domain_size, int(stream.params["horizon"]),
+                                int(stream.params["changes"]))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"stream {stream.name!r}: mechanism 'ddrm': bad parameters: {exc}") from None
+    return "ddrm", proto.params(), proto
+
+
 def choose_mechanism(
     stream: StreamConfig, dims: tuple[DimensionConfig, ...], epsilon: float
 ) -> tuple[str, dict[str, Any], Any]:
@@ -346,6 +386,8 @@ def choose_mechanism(
     kind = "categorical" if dims[0].kind == "categorical" else ("vector" if len(dims) > 1 else "scalar")
     if stream.longitudinal:
         return _longitudinal_protocol(stream, dims)
+    if stream.mechanism in CHANGE_BOUNDED:
+        return _change_bounded_protocol(stream, dims, epsilon)
     if stream.mechanism in LONGITUDINAL_PROTOCOLS:
         raise ConfigError(f"stream {stream.name!r}: mechanism {stream.mechanism!r} needs epsilon_1 and epsilon_inf")
     if stream.mechanism != "auto":
@@ -394,11 +436,15 @@ def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
         mechanism=mech,
         epsilon=epsilon,
         cap=cfg.stream_cap(stream),
-        epsilon_1=float(stream.epsilon_1) if stream.longitudinal else None,  # type: ignore[arg-type]
+        epsilon_1=float(stream.epsilon_1) if stream.longitudinal else (  # type: ignore[arg-type]
+            epsilon if name in CHANGE_BOUNDED else None),
         delta=delta,
         unit=cfg.stream_unit(stream),
         memoize=cfg.stream_memoizes(stream),
     )
+    if plan.change_bounded and plan.unit != "device":
+        raise ConfigError(f"stream {stream.name!r}: a ddrm stream is accounted under the device unit (its charge "
+                          f"bounds everything the device releases; there is no memo)")
     if plan.charge > plan.cap:
         raise ConfigError(f"stream {stream.name!r}: one report costs ε = {plan.charge:.6g} under the "
                           f"{plan.unit!r} unit, more than the stream's cap {plan.cap:g}")
@@ -670,6 +716,11 @@ class Pipeline:
         self._round_plans: dict[tuple[str, str], StreamPlan] = {}
         self._last_spec: dict[str, tuple[StreamSpec, StreamPlan]] = {}
         self._clients: dict[tuple[str, str], Any] = {}
+        #: ddrm streams' trees ({"spec", "start", "client"}), persisted with the reports (rounding table, key
+        #: "stream:<name>"): the client state holds the categories at level boundaries, which never leave the device
+        self._trees: dict[str, dict[str, Any]] = {
+            k.split(":", 1)[1]: dict(v) for k, v in (rounding_state or {}).items() if k.startswith("stream:")
+        }
 
     # --- observe ------------------------------------------------------------------------------------------
 
@@ -890,7 +941,8 @@ class Pipeline:
         return {name: plan.stream_spec() for name, plan in self.streams.items()}
 
     def prepare(
-        self, record: Record, streams: list[str] | None = None, plans: Mapping[str, StreamPlan] | None = None
+        self, record: Record, streams: list[str] | None = None, plans: Mapping[str, StreamPlan] | None = None,
+        now: float = 0.0,
     ) -> list[PreparedReport]:
         """One :class:`PreparedReport` per stream (all streams, or the named ones in configuration order);
         ``plans`` replaces the configured plan of some streams for this round (see :meth:`round_plans`)."""
@@ -898,6 +950,9 @@ class Pipeline:
         out = []
         for name in names:
             plan = (plans or {}).get(name) or self.streams[name]
+            if plan.change_bounded:
+                out.append(self._tree_report(plan, record, now))
+                continue
             if plan.longitudinal:
                 key, make_body = self._longitudinal_report(plan, record)
                 refresh = True
@@ -922,6 +977,38 @@ class Pipeline:
                 )
             )
         return out
+
+    def _tree_report(self, plan: StreamPlan, record: Record, now: float) -> PreparedReport:
+        """A ``ddrm`` stream's report: the next step of its tree (a new tree when the last one is complete or older
+        than the renewal period). The step's charge (``step_charge``, data-independent) covers the releases up to
+        the tree's end (``until`` = tree start + renewal period), so any sliding budget window that sees part of a
+        tree counts every charge of it up to then; the new tree state commits with the report or not at all."""
+        from protocols.longitudinal.base import client_from_state
+
+        mech = plan.mechanism
+        period = self.config.ledger.renewal_period_s
+        key = f"stream:{plan.name}"
+        saved = self._trees.get(plan.name)
+        fresh = (saved is None or saved["spec"] != plan.spec or saved["client"]["device"]["t"] >= mech.horizon
+                 or (period is not None and now >= saved["start"] + period))
+        if fresh:
+            client = mech.client(secret=self._secret, stream=plan.name, rng=self.rng)
+            start = now
+        else:
+            client = client_from_state(saved["client"], rng=self.rng)  # type: ignore[index]
+            start = saved["start"]  # type: ignore[index]
+        rep = client.report(int(record.values[plan.dimensions[0].name]))
+        state = {"spec": plan.spec, "start": start, "client": client.to_state()}
+        body = {"report": registry.row_to_json(np.asarray(rep.report))}
+
+        def committed() -> None:
+            self._trees[plan.name] = state
+
+        return PreparedReport(
+            stream=plan.name, mechanism=plan.mechanism_name, spec=plan.spec, memo_key=f"tree:{start!r}",
+            epsilon=float(rep.charge), cap=plan.cap, memoize=False, make_body=lambda: body, delta=0.0,
+            unit=plan.unit, until=None if period is None else start + period, state=(key, state),
+            on_commit=committed)
 
     # --- persistence --------------------------------------------------------------------------------------
 

@@ -146,6 +146,7 @@ class ReportRequest:
     delta: float = 0.0  # δ of an (ε, δ) mechanism (Gaussian); recorded in the ledger and capped by delta_cap
     unit: str = "device"  # the privacy unit the charge is true for (edge_agent.config); recorded in the ledger
     until: float | None = None  # a charge that covers releases up to this time (ledger time); None: its own ts
+    state: tuple[str, dict[str, Any]] | None = None  # (key, state) saved in the rounding table iff this commits
 
 
 @dataclass(frozen=True)
@@ -219,9 +220,10 @@ class _Spent:
 class _Writes:
     """The rows one :meth:`State.commit_reports` batch writes, written together at its end (``executemany``)."""
 
-    __slots__ = ("ledger", "memo", "memo_hits", "outbox")
+    __slots__ = ("ledger", "memo", "memo_hits", "outbox", "states")
 
     def __init__(self) -> None:
+        self.states: dict[str, dict[str, Any]] = {}
         self.ledger: list[tuple[Any, ...]] = []
         self.memo: list[tuple[Any, ...]] = []
         self.memo_hits: list[str] = []
@@ -243,6 +245,8 @@ class _Writes:
             db.executemany(
                 "INSERT INTO outbox (seq, topic, payload, status, stream, round_id, epsilon, memo_key, created) "
                 "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)", self.outbox)
+        if self.states:
+            State._save_rounding(db, self.states)
 
 
 class State:
@@ -560,7 +564,7 @@ class State:
         topic, payload = req.make_payload(seq, body)  # may refuse (too_large): nothing is queued yet
         if hit:
             writes.memo_hits.append(req.memo_key)
-        else:
+        elif charged > 0 or delta > 0:  # a change-bounded tree past its budget charges 0: no ledger row
             budget.charge(req.stream, req.round_id, charged, delta)  # type: ignore[union-attr]
             writes.ledger.append((ts, req.stream, req.round_id, charged, req.memo_key, seq, req.mechanism,
                                   delta if delta > 0 else None, req.unit, req.until))
@@ -569,6 +573,8 @@ class State:
                 writes.memo.append((req.memo_key, req.stream, req.spec, text, charged, now, now))
                 memo[req.memo_key] = text  # a later request of the batch with this key is a memo hit
         writes.outbox.append((seq, topic, payload, req.stream, req.round_id, charged, req.memo_key, now))
+        if req.state is not None:
+            writes.states[req.state[0]] = req.state[1]
         return Commit(seq=seq, topic=topic, payload=payload, charged=charged, memo_hit=hit, body=body)
 
 

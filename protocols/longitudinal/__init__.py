@@ -20,7 +20,7 @@ from protocols.longitudinal.base import (
 )
 from protocols.longitudinal.chains import TwoStageChain, grr_chain, grr_irr_epsilon, osue_chain, sue_chain
 from protocols.longitudinal.dbitflip import DBitFlipPM, DBitReports
-from protocols.longitudinal.ddrm import DDRM
+from protocols.longitudinal.ddrm import DDRM, CategoricalDDRM
 from protocols.longitudinal.grr import LGRR
 from protocols.longitudinal.loloha import LOLOHA, optimal_g, support_counts
 from protocols.longitudinal.memo import LongitudinalReport, MemoTable, encode_value, memo_key, prr_generator
@@ -30,6 +30,7 @@ from protocols.longitudinal.transcript import TranscriptMechanism
 from protocols.longitudinal.unary import LOSUE, LSUE
 
 __all__ = [
+    "CategoricalDDRM",
     "DBitFlipPM",
     "DBitReports",
     "DDRM",

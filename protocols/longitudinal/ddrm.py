@@ -35,7 +35,7 @@ from protocols.base import check_epsilon, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
 from protocols.longitudinal.memo import LongitudinalReport
 
-__all__ = ["DDRM", "DDRMClient"]
+__all__ = ["DDRM", "DDRMClient", "CategoricalDDRM", "CategoricalDDRMClient"]
 
 
 class DDRM(LongitudinalProtocol):
@@ -296,3 +296,228 @@ class DDRMClient(LongitudinalClient):
 
 
 DDRM.client_class = DDRMClient
+
+
+class CategoricalDDRM(LongitudinalProtocol):
+    """Change-bounded continual reporting of a categorical value in [0, k): one DDRM difference tree per category
+    indicator 1[x_t = v] over a horizon of T reports, with ONE budget of ``max_nonzero`` non-zero nodes shared by all
+    k trees: M = (2·changes + 1)·levels (a change moves two indicators; the first value, from x_0 = none, one).
+
+    **Privacy (device unit, exact).** Every (node, indicator) is reported independently: a fair ±1 coin for a zero
+    difference, DDRM's ε-randomized response of ±1 otherwise; any stream has at most M non-zero pairs. By the
+    argument in the module docstring the loss of the whole tree's transcript between *any* two streams is at most
+    ε·max(|A|, |B|) ≤ ε·min(M, k·R(t)) after t reports (R(t) = nodes released per tree by time t), whatever the
+    number of reports: :meth:`device_epsilon`, charged incrementally by :meth:`step_charge` (data-independent). A
+    stream with more changes than declared is not less private — its later changes are reported as no change (a
+    documented bias of the estimate, never a larger loss).
+
+    **Report** at step t: ``[t, s_1, …, s_k]`` with s = Σ_{j ∈ bits(t)} b_j, the ±1 bits of the latest node of each
+    level in the dyadic decomposition of (0, t] — a function of bits already released (the new node included), so
+    re-sending prefix sums costs nothing. E[c·s_v] = 1[x_t = v] (telescoping), c = (e^ε+1)/(e^ε-1), so one round's
+    reports alone decode: f̂ = c·mean(s). Per-user variance c²·popcount(t) − f ≤ c²·levels − f (:meth:`variance`
+    uses the bound). Xue et al., TKDE 2022 (DDRM); the change-bounded accounting follows Joseph, Roth, Ullman and
+    Waggoner, NeurIPS 2018 ("Local differential privacy for evolving data"): cost grows with changes, not rounds.
+    """
+
+    name = "DDRM-k"
+
+    def __init__(self, epsilon_inf: float, k: int, horizon: int, changes: int,
+                 epsilon_1: float | None = None) -> None:
+        eps = check_epsilon(epsilon_inf)
+        if epsilon_1 is not None and not math.isclose(float(epsilon_1), eps, rel_tol=1e-12):
+            raise ValueError("DDRM has one ε per node: epsilon_1 must equal epsilon_inf")
+        self.epsilon_inf = self.epsilon_1 = eps
+        self.k = check_int(k, "k", 2, 1024)
+        self.horizon = check_int(horizon, "horizon", 1, 1 << 20)
+        self.changes = check_int(changes, "changes", 0, 1 << 20)
+        self.tree = DDRM(eps, self.horizon, 1)  # the node geometry (ends, levels, released_by)
+        self.levels = self.tree.levels
+        self.max_nonzero = (2 * self.changes + 1) * self.levels
+        self.c = self.tree.c
+
+    def params(self) -> dict[str, Any]:
+        return {"epsilon_inf": self.epsilon_inf, "epsilon_1": self.epsilon_1, "k": self.k, "horizon": self.horizon,
+                "changes": self.changes}
+
+    @property
+    def n_slots(self) -> int:
+        return 0
+
+    @property
+    def irr_input_epsilon(self) -> float:
+        return self.epsilon_inf
+
+    def device_epsilon(self, reports: int) -> float:
+        """ε · min(M, k·R(reports)): the exact worst case over any two streams (class docstring)."""
+        t = check_int(reports, "reports", 0, self.horizon)
+        return self.epsilon_inf * min(self.max_nonzero, self.k * int(self.tree.released_by[t]))
+
+    def step_charge(self, t: int) -> float:
+        """What report t (1-based) of a tree adds to :meth:`device_epsilon` (0 once the change budget is covered)."""
+        t = check_int(t, "t", 1, self.horizon)
+        return self.device_epsilon(t) - self.device_epsilon(t - 1)
+
+    def charged_total(self, values: Any, **device: Any) -> float:
+        return self.device_epsilon(len(np.asarray(values).ravel()))
+
+    def node_values(self, values: Any) -> np.ndarray:
+        """The effective (node, indicator) differences a stream of values reports, in release order, after the
+        shared budget: shape (nodes released by len(values), k), entries in {-1, 0, 1}."""
+        x = self._check_values(values).ravel()
+        last, used, out = [-1] * self.levels, 0, []
+        for t, v in enumerate(x.tolist(), start=1):
+            for j in range(self.levels):
+                if t % (1 << j):
+                    continue
+                diff = [0] * self.k
+                diff[v] += 1
+                if last[j] >= 0:
+                    diff[last[j]] -= 1
+                for u in range(self.k):
+                    if diff[u] != 0 and used < self.max_nonzero:
+                        used += 1
+                    else:
+                        diff[u] = 0
+                out.append(diff)
+                last[j] = v
+        return np.asarray(out, dtype=np.int64).reshape(-1, self.k)
+
+    def variance(self, f: Any = 0.0) -> Any:
+        """Per-user variance bound of f̂_v: c²·levels − f (popcount(t) ≤ levels)."""
+        out = self.c**2 * self.levels - np.asarray(f, dtype=float)
+        return float(out) if out.ndim == 0 else out
+
+    def _check_values(self, values: Any) -> np.ndarray:
+        arr = np.asarray(values)
+        if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= self.k):
+            raise ValueError(f"values must be integers in [0, {self.k})")
+        return arr.astype(np.int64)
+
+    def estimate_round(self, reports: Any) -> np.ndarray:
+        r = np.asarray(reports)
+        if r.ndim != 2 or r.shape[1] != self.k + 1 or r.shape[0] == 0 or r.dtype.kind not in "iu":
+            raise ValueError(f"DDRM-k reports are integer rows [t, s_1..s_{self.k}]")
+        t, s = r[:, 0].astype(np.int64), r[:, 1:].astype(np.int64)
+        if np.any(t < 1) or np.any(t > self.horizon):
+            raise ValueError(f"the step t must lie in [1, {self.horizon}]")
+        m = np.array([bin(int(x)).count("1") for x in np.unique(t)])
+        pop = dict(zip(np.unique(t).tolist(), m.tolist()))
+        mm = np.vectorize(pop.__getitem__)(t)[:, None]
+        if np.any(np.abs(s) > mm) or np.any((s - mm) % 2):
+            raise ValueError("a prefix sum outside the support of the step's ±1 bits")
+        return self.c * s.mean(axis=0)
+
+    def privatize_round(self, values: Any, fleet: FleetState, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """n devices at once (one tree step; the tree starts at fleet.rounds = 0): reports (n, k+1), charges (n,)."""
+        x = self._check_fleet_values(values, fleet)
+        t = fleet.rounds + 1
+        if t > self.horizon:
+            raise ValueError(f"horizon T={self.horizon} exhausted")
+        n, k = fleet.n, self.k
+        last, used, noisy = fleet.aux["last"], fleet.aux["used"], fleet.aux["noisy"]
+        onehot = np.zeros((n, k), dtype=np.int64)
+        onehot[np.arange(n), x] = 1
+        for j in range(self.levels):  # a loop over tree levels and categories, vectorised over devices
+            if t % (1 << j):
+                continue
+            prev = np.zeros((n, k), dtype=np.int64)
+            have = last[:, j] >= 0
+            prev[np.flatnonzero(have), last[have, j]] = 1
+            diff = onehot - prev
+            for v in range(k):
+                allowed = (diff[:, v] != 0) & (used < self.max_nonzero)
+                used += allowed
+                diff[:, v] = np.where(allowed, diff[:, v], 0)
+            noisy[:, j, :] = self.tree._report_bits(diff, rng)
+            last[:, j] = x
+        bits = [j for j in range(self.levels) if t & (1 << j)]
+        s = noisy[:, bits, :].astype(np.int64).sum(axis=1)
+        fleet.rounds = t
+        charge = np.full(n, self.step_charge(t))
+        fleet.spent += charge
+        return np.concatenate([np.full((n, 1), t, dtype=np.int64), s], axis=1), charge
+
+    def new_fleet(self, n: int, rng: np.random.Generator, **fixed: Any) -> FleetState:
+        if fixed:
+            raise ValueError(f"DDRM-k has no per-device parameters to fix, got {sorted(fixed)}")
+        n = check_int(n, "n", 1)
+        fleet = FleetState(keys=np.zeros(n, dtype=np.uint64), seen=np.zeros((n, 0), dtype=bool), spent=np.zeros(n))
+        fleet.aux["last"] = np.full((n, self.levels), -1, dtype=np.int64)
+        fleet.aux["used"] = np.zeros(n, dtype=np.int64)
+        fleet.aux["noisy"] = np.ones((n, self.levels, self.k), dtype=np.int8)
+        return fleet
+
+
+class CategoricalDDRMClient(LongitudinalClient):
+    """Device side of :class:`CategoricalDDRM`: ``report(value)`` → ``[t, s_1..s_k]`` and the step's charge.
+
+    State (``to_state()["device"]``): the step t, the value at the last boundary of every level (−1: none yet —
+    the device keeps these categories to form differences; they never leave it), the non-zero pairs used, and the
+    ±1 bits of the latest node of every level (already released). There is no memo."""
+
+    protocol: CategoricalDDRM
+
+    def __init__(self, protocol: CategoricalDDRM, **kwargs: Any) -> None:
+        super().__init__(protocol, **kwargs)
+        self.t, self.used = 0, 0
+        self.last = [-1] * protocol.levels
+        self.noisy = [[1] * protocol.k for _ in range(protocol.levels)]
+
+    def _slot(self, value: Any) -> Any:  # pragma: no cover - no memo
+        raise NotImplementedError
+
+    def _draw_prr(self, slot: Any, gen: np.random.Generator) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def _irr(self, prr: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def complete(self) -> bool:
+        return self.t >= self.protocol.horizon
+
+    def report(self, value: Any) -> LongitudinalReport:
+        p = self.protocol
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) < p.k:
+            raise ValueError(f"DDRM-k reports a category in [0, {p.k}), got {value!r}")
+        if self.complete:
+            raise ValueError(f"horizon T={p.horizon} exhausted: start a new tree")
+        x = int(value)
+        self.t += 1
+        for j in range(p.levels):
+            if self.t % (1 << j):
+                continue
+            diff = np.zeros(p.k, dtype=np.int64)
+            diff[x] += 1
+            if self.last[j] >= 0:
+                diff[self.last[j]] -= 1
+            for v in range(p.k):
+                if diff[v] != 0 and self.used < p.max_nonzero:
+                    self.used += 1
+                else:
+                    diff[v] = 0
+            self.noisy[j] = [int(b) for b in p.tree._report_bits(diff, self.rng)]
+            self.last[j] = x
+        s = np.sum([self.noisy[j] for j in range(p.levels) if self.t & (1 << j)], axis=0).astype(np.int64)
+        charge = p.step_charge(self.t)
+        return LongitudinalReport(np.concatenate([[self.t], s]).astype(np.int64), charge, None, charge > 0)
+
+    def _device_state(self) -> dict[str, Any]:
+        return {"t": self.t, "last": list(self.last), "used": self.used, "noisy": [list(b) for b in self.noisy]}
+
+    def _load_device_state(self, state: dict[str, Any]) -> None:
+        if set(state) != {"t", "last", "used", "noisy"}:
+            raise ValueError("DDRM-k device state must contain 't', 'last', 'used' and 'noisy'")
+        p = self.protocol
+        self.t = check_int(state["t"], "t", 0, p.horizon)
+        self.used = check_int(state["used"], "used", 0, p.max_nonzero)
+        last = [int(v) for v in state["last"]]
+        noisy = [[int(b) for b in row] for row in state["noisy"]]
+        if len(last) != p.levels or any(not -1 <= v < p.k for v in last):
+            raise ValueError("DDRM-k state 'last' must hold one category (or -1) per level")
+        if len(noisy) != p.levels or any(len(r) != p.k or any(b not in (-1, 1) for b in r) for r in noisy):
+            raise ValueError("DDRM-k state 'noisy' must hold k ±1 bits per level")
+        self.last, self.noisy = last, noisy
+
+
+CategoricalDDRM.client_class = CategoricalDDRMClient

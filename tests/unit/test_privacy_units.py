@@ -26,7 +26,7 @@ from edge_agent.agent import Agent
 from edge_agent.embed import categorical, new_identity, numeric, simple_config
 from edge_agent.sources import IterableSource
 from protocols.hashing import hash_values
-from protocols.longitudinal import DDRM, LGRR, LOLOHA, LOSUE, LSUE, RAPPOR, grr_chain, slot_pattern
+from protocols.longitudinal import DDRM, LGRR, CategoricalDDRM, LOLOHA, LOSUE, LSUE, RAPPOR, grr_chain, slot_pattern
 from protocols.longitudinal.memo import encode_value
 from protocols.longitudinal.rappor import bloom_indices
 from tests.unit.test_longitudinal_exact import grr_matrix, max_log_ratio, transcript_distribution
@@ -183,6 +183,24 @@ def test_ddrm_every_pair_within_the_change_bounded_device_charge(tau):
         assert max(directions) <= bound * (1 + REL) + 1e-12
     # the charge grows with the tree's nodes only up to the change budget, not with the number of reports
     assert protocol.device_epsilon(4) == protocol.max_nonzero * 1.0 < 4 * protocol.irr_input_epsilon + 4
+
+
+@pytest.mark.parametrize("changes", [0, 1])
+def test_categorical_ddrm_every_pair_within_its_change_bounded_charge(changes):
+    """Every pair of streams over k = 3 with τ ≤ 4: nodes × indicators are independent (fair coin or ε-RR), so the
+    exact worst case takes the worst bit per pair; the reports (prefix sums) are a post-processing of these."""
+    protocol = CategoricalDDRM(0.5, 3, horizon=4, changes=changes)
+    c = protocol.c
+    for tau in range(1, 5):
+        bound = protocol.device_epsilon(tau)
+        for a, b in itertools.combinations(list(itertools.product(range(3), repeat=tau)), 2):
+            va, vb = protocol.node_values(list(a)).ravel(), protocol.node_values(list(b)).ravel()
+            pa, pb = 0.5 + 0.5 * va / c, 0.5 + 0.5 * vb / c
+            fwd = np.maximum(np.log(pa / pb), np.log((1 - pa) / (1 - pb))).sum()
+            bwd = np.maximum(np.log(pb / pa), np.log((1 - pb) / (1 - pa))).sum()
+            assert max(fwd, bwd) <= bound * (1 + REL) + 1e-12, (a, b)
+    # the charge stops growing once the change budget is covered: (2·changes + 1)·levels nodes
+    assert protocol.device_epsilon(4) == pytest.approx(0.5 * min(protocol.max_nonzero, 3 * 7))
 
 
 # --- Part 2: the real agent and its ledger ---------------------------------------------------------------------
@@ -346,3 +364,82 @@ def test_a_round_cannot_change_the_unit(tmp_path):
     assert spec["unit"] == "device"
     with pytest.raises(SpecMismatch, match="unit"):
         pipe.plan_for("x", {**spec, "unit": "value"})
+
+
+DDRM_STREAM = {"name": "x", "dimensions": ["x"], "mechanism": "ddrm", "epsilon": 0.5,
+               "params": {"horizon": 4, "changes": 1}}
+
+
+def test_agent_ddrm_stream_charges_by_changes_not_reports_and_bounds_every_exact_loss(tmp_path):
+    protocol = CategoricalDDRM(0.5, 3, 4, 1)
+    c = protocol.c
+    for tau in (1, 2, 3):
+        seqs = list(itertools.product(range(3), repeat=tau))
+        ledgers = {s: _run_agent(tmp_path, f"t{tau}-{i}", s, DDRM_STREAM, "device")[1] for i, s in enumerate(seqs)}
+        assert set(np.round(list(ledgers.values()), 9)) == {round(protocol.device_epsilon(tau), 9)}
+        for a, b in itertools.combinations(seqs, 2):
+            va, vb = protocol.node_values(list(a)).ravel(), protocol.node_values(list(b)).ravel()
+            pa, pb = 0.5 + 0.5 * va / c, 0.5 + 0.5 * vb / c
+            loss = max(np.maximum(np.log(pa / pb), np.log((1 - pa) / (1 - pb))).sum(),
+                       np.maximum(np.log(pb / pa), np.log((1 - pb) / (1 - pa))).sum())
+            assert loss <= min(ledgers[a], ledgers[b]) * (1 + REL) + 1e-12
+    # 10 reports: two complete trees of 4 and a third started; a tree costs at most M·ε = 6·0.5 whatever the reports
+    commits, total, units, _ = _run_agent(tmp_path, "long", [0, 0, 1, 1, 1, 2, 2, 2, 0, 0], DDRM_STREAM, "device")
+    assert units == {"device"} and [int(np.asarray(c.body["report"])[0]) for c in commits] == [1, 2, 3, 4] * 2 + [1, 2]
+    assert total == pytest.approx(2 * protocol.device_epsilon(4) + protocol.device_epsilon(2))
+    assert protocol.device_epsilon(4) == pytest.approx(0.5 * protocol.max_nonzero) and protocol.max_nonzero < 4 * 3
+
+
+def test_ddrm_stream_is_device_unit_and_a_refused_report_does_not_advance_its_tree(tmp_path):
+    from edge_agent.config import ConfigError
+
+    from edge_agent.pipeline import Pipeline
+
+    with pytest.raises(ConfigError, match="device unit"):
+        Pipeline(simple_config("d", tmp_path / "v", [categorical("x", 3)], [DDRM_STREAM], privacy={"unit": "value"}),
+                 bytes(32))
+    cfg = simple_config("d", tmp_path / "s", [categorical("x", 3)], [DDRM_STREAM], total_cap=5.0)
+    agent = Agent(cfg, IterableSource([{"x": 1}] * 5), secrets=new_identity(), transport=False).open()
+    charges = [agent.report(f"r{t}").commits[0].charged for t in range(4)]
+    assert charges == pytest.approx([1.5, 3.0, 0.0, 0.0])  # ε·min(M = 9, 3·R(t)) increments: the tree is paid for
+    assert agent.report("r4").refused == [("x", "stream_cap")]  # a new tree's first step (1.5) exceeds the cap left
+    agent.close()
+    again = Agent(cfg, IterableSource([{"x": 1}]), secrets=new_identity(), transport=False).open()
+    assert again.report("r5").refused == [("x", "stream_cap")]  # the refused step was not taken, across a restart
+    assert again.pipeline._trees["x"]["client"]["device"]["t"] == 4 and again.state.spent() == pytest.approx(4.5)
+    again.close()
+
+
+def test_ddrm_round_is_validated_and_decoded_by_the_coordinator(tmp_path):
+    from coordinator.estimate import estimate_round
+    from coordinator.rounds import RoundManager
+    from coordinator.store import SQLiteStore
+    from coordinator.validate import Validator
+    from protocols import wire
+
+    key = wire.generate_signing_key()
+    store = SQLiteStore(tmp_path / "c.db")
+    v = Validator(store)
+    rounds = RoundManager(store, key, on_change=v.set_round)
+    rng = np.random.default_rng(5)
+    n, values = 400, rng.choice(3, 400, p=[0.6, 0.3, 0.1])
+    agents = []
+    for i in range(n):
+        cfg = simple_config(f"dd-{i}", tmp_path / f"a{i}", [categorical("x", 3)],
+                            [{**DDRM_STREAM, "epsilon": 2.0}], total_cap=100.0,
+                            coordinator_public_key=wire.public_key_b64(key), privacy={"max_round_epsilon": 50.0})
+        a = Agent(cfg, IterableSource([{"x": int(values[i])}] * 3), secrets=new_identity(), transport=False).open()
+        store.upsert_device(cfg.device_id, a.secrets.public_key_b64)
+        agents.append(a)
+    for rid in ("r1", "r2", "r3"):
+        rc = rounds.open_round(rid, 50.0, {"streams": agents[0].stream_specs()})
+        accepted = [v.check(wire.report_topic(a.config.device_id), a.handle_round(rc.to_bytes()).commits[0].payload)
+                    for a in agents]
+        store.commit_batch(accepted, {})
+        v.batch_committed()
+        est = estimate_round(store, rid, level=0.999)["x"]
+        assert est.error is None and est.n == n and est.kind == "longitudinal" and est.unit == "device"
+        truth = np.bincount(values, minlength=3) / n
+        assert np.all(np.asarray(est.ci_low) <= truth) and np.all(truth <= np.asarray(est.ci_high)), (rid, est)
+    for a in agents:
+        a.close()
