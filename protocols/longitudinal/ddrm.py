@@ -360,27 +360,35 @@ class CategoricalDDRM(LongitudinalProtocol):
     def charged_total(self, values: Any, **device: Any) -> float:
         return self.device_epsilon(len(np.asarray(values).ravel()))
 
+    def step(self, last: list[int], used: int, x: int, t: int) -> tuple[list[tuple[int, np.ndarray]], int]:
+        """Step t of a tree for value x: the effective difference vector of every level released at t (after the
+        shared budget) and the new count of non-zero pairs used; ``last`` (the value at each level's last
+        boundary, −1: none) is updated in place. The one rule both the device and :meth:`node_values` follow."""
+        out = []
+        for j in range(self.levels):
+            if t % (1 << j):
+                continue
+            diff = np.zeros(self.k, dtype=np.int64)
+            diff[x] += 1
+            if last[j] >= 0:
+                diff[last[j]] -= 1
+            for u in np.flatnonzero(diff):
+                if used < self.max_nonzero:
+                    used += 1
+                else:
+                    diff[u] = 0
+            out.append((j, diff))
+            last[j] = x
+        return out, used
+
     def node_values(self, values: Any) -> np.ndarray:
         """The effective (node, indicator) differences a stream of values reports, in release order, after the
         shared budget: shape (nodes released by len(values), k), entries in {-1, 0, 1}."""
-        x = self._check_values(values).ravel()
-        last, used, out = [-1] * self.levels, 0, []
-        for t, v in enumerate(x.tolist(), start=1):
-            for j in range(self.levels):
-                if t % (1 << j):
-                    continue
-                diff = [0] * self.k
-                diff[v] += 1
-                if last[j] >= 0:
-                    diff[last[j]] -= 1
-                for u in range(self.k):
-                    if diff[u] != 0 and used < self.max_nonzero:
-                        used += 1
-                    else:
-                        diff[u] = 0
-                out.append(diff)
-                last[j] = v
-        return np.asarray(out, dtype=np.int64).reshape(-1, self.k)
+        last, used, rows = [-1] * self.levels, 0, []
+        for t, v in enumerate(self._check_values(values).ravel().tolist(), start=1):
+            diffs, used = self.step(last, used, v, t)
+            rows += [d for _, d in diffs]
+        return np.asarray(rows, dtype=np.int64).reshape(-1, self.k)
 
     def variance(self, f: Any = 0.0) -> Any:
         """Per-user variance bound of f̂_v: c²·levels − f (popcount(t) ≤ levels)."""
@@ -482,22 +490,10 @@ class CategoricalDDRMClient(LongitudinalClient):
             raise ValueError(f"DDRM-k reports a category in [0, {p.k}), got {value!r}")
         if self.complete:
             raise ValueError(f"horizon T={p.horizon} exhausted: start a new tree")
-        x = int(value)
         self.t += 1
-        for j in range(p.levels):
-            if self.t % (1 << j):
-                continue
-            diff = np.zeros(p.k, dtype=np.int64)
-            diff[x] += 1
-            if self.last[j] >= 0:
-                diff[self.last[j]] -= 1
-            for v in range(p.k):
-                if diff[v] != 0 and self.used < p.max_nonzero:
-                    self.used += 1
-                else:
-                    diff[v] = 0
+        diffs, self.used = p.step(self.last, self.used, int(value), self.t)
+        for j, diff in diffs:
             self.noisy[j] = [int(b) for b in p.tree._report_bits(diff, self.rng)]
-            self.last[j] = x
         s = np.sum([self.noisy[j] for j in range(p.levels) if self.t & (1 << j)], axis=0).astype(np.int64)
         charge = p.step_charge(self.t)
         return LongitudinalReport(np.concatenate([[self.t], s]).astype(np.int64), charge, None, charge > 0)

@@ -34,6 +34,15 @@ from tests.unit.test_longitudinal_exact import grr_matrix, max_log_ratio, transc
 REL = 1e-9
 
 
+def _node_loss(va: np.ndarray, vb: np.ndarray, c: float) -> float:
+    """Exact worst-case loss between two DDRM node-value vectors: independent ±1 reports (fair coin for 0,
+    P[+1] = 1/2 + v/(2c) otherwise), so each direction takes the worst bit per node."""
+    pa, pb = 0.5 + 0.5 * np.ravel(va) / c, 0.5 + 0.5 * np.ravel(vb) / c
+    fwd = np.maximum(np.log(pa / pb), np.log((1 - pa) / (1 - pb))).sum()
+    bwd = np.maximum(np.log(pb / pa), np.log((1 - pb) / (1 - pa))).sum()
+    return float(max(fwd, bwd))
+
+
 def _pairs(k: int, tau: int):
     seqs = list(itertools.product(range(k), repeat=tau))
     return seqs, list(itertools.combinations(range(len(seqs)), 2))
@@ -169,18 +178,9 @@ def test_ddrm_every_pair_within_the_change_bounded_device_charge(tau):
     protocol = DDRM.for_changes(1.0, horizon=4, changes=1)
     seqs = list(itertools.product((0, 1), repeat=tau))
     bound = protocol.device_epsilon(tau)
-    worst = 0.0
     for a, b in itertools.combinations(seqs, 2):
-        va, vb = protocol.node_values(np.array(a)), protocol.node_values(np.array(b))
-        directions = []
-        for first, second in ((va, vb), (vb, va)):
-            total = 0.0
-            for x, y in zip(first, second):
-                pa, pb = 0.5 + 0.5 * x / protocol.c, 0.5 + 0.5 * y / protocol.c
-                total += max(math.log(pa / pb), math.log((1 - pa) / (1 - pb)))
-            directions.append(total)
-        worst = max(worst, max(directions))
-        assert max(directions) <= bound * (1 + REL) + 1e-12
+        loss = _node_loss(protocol.node_values(np.array(a)), protocol.node_values(np.array(b)), protocol.c)
+        assert loss <= bound * (1 + REL) + 1e-12
     # the charge grows with the tree's nodes only up to the change budget, not with the number of reports
     assert protocol.device_epsilon(4) == protocol.max_nonzero * 1.0 < 4 * protocol.irr_input_epsilon + 4
 
@@ -194,11 +194,8 @@ def test_categorical_ddrm_every_pair_within_its_change_bounded_charge(changes):
     for tau in range(1, 5):
         bound = protocol.device_epsilon(tau)
         for a, b in itertools.combinations(list(itertools.product(range(3), repeat=tau)), 2):
-            va, vb = protocol.node_values(list(a)).ravel(), protocol.node_values(list(b)).ravel()
-            pa, pb = 0.5 + 0.5 * va / c, 0.5 + 0.5 * vb / c
-            fwd = np.maximum(np.log(pa / pb), np.log((1 - pa) / (1 - pb))).sum()
-            bwd = np.maximum(np.log(pb / pa), np.log((1 - pb) / (1 - pa))).sum()
-            assert max(fwd, bwd) <= bound * (1 + REL) + 1e-12, (a, b)
+            loss = _node_loss(protocol.node_values(list(a)), protocol.node_values(list(b)), c)
+            assert loss <= bound * (1 + REL) + 1e-12, (a, b)
     # the charge stops growing once the change budget is covered: (2·changes + 1)·levels nodes
     assert protocol.device_epsilon(4) == pytest.approx(0.5 * min(protocol.max_nonzero, 3 * 7))
 
@@ -378,10 +375,7 @@ def test_agent_ddrm_stream_charges_by_changes_not_reports_and_bounds_every_exact
         ledgers = {s: _run_agent(tmp_path, f"t{tau}-{i}", s, DDRM_STREAM, "device")[1] for i, s in enumerate(seqs)}
         assert set(np.round(list(ledgers.values()), 9)) == {round(protocol.device_epsilon(tau), 9)}
         for a, b in itertools.combinations(seqs, 2):
-            va, vb = protocol.node_values(list(a)).ravel(), protocol.node_values(list(b)).ravel()
-            pa, pb = 0.5 + 0.5 * va / c, 0.5 + 0.5 * vb / c
-            loss = max(np.maximum(np.log(pa / pb), np.log((1 - pa) / (1 - pb))).sum(),
-                       np.maximum(np.log(pb / pa), np.log((1 - pb) / (1 - pa))).sum())
+            loss = _node_loss(protocol.node_values(list(a)), protocol.node_values(list(b)), c)
             assert loss <= min(ledgers[a], ledgers[b]) * (1 + REL) + 1e-12
     # 10 reports: two complete trees of 4 and a third started; a tree costs at most M·ε = 6·0.5 whatever the reports
     commits, total, units, _ = _run_agent(tmp_path, "long", [0, 0, 1, 1, 1, 2, 2, 2, 0, 0], DDRM_STREAM, "device")
