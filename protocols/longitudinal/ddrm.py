@@ -408,9 +408,7 @@ class CategoricalDDRM(LongitudinalProtocol):
         t, s = r[:, 0].astype(np.int64), r[:, 1:].astype(np.int64)
         if np.any(t < 1) or np.any(t > self.horizon):
             raise ValueError(f"the step t must lie in [1, {self.horizon}]")
-        m = np.array([bin(int(x)).count("1") for x in np.unique(t)])
-        pop = dict(zip(np.unique(t).tolist(), m.tolist()))
-        mm = np.vectorize(pop.__getitem__)(t)[:, None]
+        mm = sum((t >> j) & 1 for j in range(self.levels))[:, None]  # popcount(t): a loop over levels only
         if np.any(np.abs(s) > mm) or np.any((s - mm) % 2):
             raise ValueError("a prefix sum outside the support of the step's ±1 bits")
         return self.c * s.mean(axis=0)
