@@ -1,6 +1,6 @@
 """Datasets of the evaluation (SPEC §6, thesis chapter 5): Adult, Syn, their combination, a Gaussian synthetic.
 
-* **Adult** (coarse integer form, 45,222 rows × 15 attributes) is read from ``../shared/datasets/adult/`` relative to
+* **Adult** (coarse integer form, 45,222 rows × 15 attributes) is read from ``data/adult/`` (shipped; see its README) relative to
   the repository root, or from the directory named by the environment variable ``HAARVEST_ADULT_DIR``. The ``.dat``
   file holds a row count and then comma-separated rows; the ``.domain`` file holds ``<attributes> <rows>`` and then
   one line per attribute ``name kind size v_0 … v_{size-1}`` (kind ``C``: ordered/numeric, ``D``: categorical).
@@ -287,12 +287,16 @@ def read_dat(path: Path) -> np.ndarray:
     return data
 
 
+#: the Adult files shipped with the repository (data/adult: the data, its provenance and licence)
+ADULT_DIR = Path(__file__).resolve().parents[1] / "data" / "adult"
+
+
 def adult_dir() -> Path:
-    """``$HAARVEST_ADULT_DIR`` if set, else ``<repo>/../shared/datasets/adult``."""
+    """``$HAARVEST_ADULT_DIR`` if set, else ``<repo>/data/adult`` (shipped with the repository)."""
     override = os.environ.get(ADULT_ENV)
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "adult"
+    return ADULT_DIR
 
 
 def load_adult(directory: Path | str | None = None) -> Dataset:
@@ -303,7 +307,7 @@ def load_adult(directory: Path | str | None = None) -> Dataset:
     if missing:
         raise DatasetError(
             f"Adult dataset not found: missing {', '.join(missing)}. Put adult-coarse.dat and adult-coarse.domain "
-            f"in ../shared/datasets/adult/ (relative to the repository root) or set {ADULT_ENV} to their directory."
+            f"in data/adult/ (relative to the repository root; shipped with it) or set {ADULT_ENV} to their directory."
         )
     domain, n_rows = parse_domain(dom.read_text(encoding="ascii"))
     data = read_dat(dat)

@@ -10,7 +10,7 @@ What runs (``make demo``; docs/demo.md):
    Ed25519 identity and HMAC secret, one MQTT connection each), driven by :func:`edge_agent.run_fleet` in worker
    processes of at most :data:`AGENTS_PER_PROCESS` agents (paho's network loop uses ``select()``, which cannot watch
    file descriptors ≥ 1024; an agent holds about six: its MQTT socket and wake-up pair, SQLite's db/WAL/shm).
-   Device i replays row i of a seeded sample of the Adult data (``../shared/datasets/adult``; coarse integer codes,
+   Device i replays row i of a seeded sample of the Adult data (``data/adult``, shipped with the repository; coarse integer codes,
    so age/education/hours are the 16-level codes 0–15) plus two synthetic evolving dimensions: ``load`` (a
    per-device baseline, a population trend of +6 per round and per-round noise) and ``app`` (one of 8 apps, redrawn
    with probability 0.25 each round from a popularity that drifts towards app 3);
@@ -114,7 +114,7 @@ def _read_adult_file(directory: Path) -> np.ndarray:
     dat = directory / "adult-coarse.dat"
     if not dat.exists():
         raise FileNotFoundError(
-            f"Adult data not found: {dat} is missing. The demo reads ../shared/datasets/adult relative to the "
+            f"Adult data not found: {dat} is missing. The demo reads data/adult relative to the "
             "repository (adult-coarse.dat, adult-coarse.domain); set HAARVEST_ADULT_DIR to another directory."
         )
     lines = dat.read_text().split()
@@ -126,7 +126,7 @@ def _read_adult_file(directory: Path) -> np.ndarray:
 
 def load_adult_rows(directory: Path | None = None) -> np.ndarray:
     """The coarse Adult table (rows × 15 integer codes): :func:`simulations.datasets.load_adult` when that module
-    is available, else read directly (``HAARVEST_ADULT_DIR`` or ``../shared/datasets/adult``); a clear error if
+    is available, else read directly (``HAARVEST_ADULT_DIR`` or ``data/adult``); a clear error if
     the files are missing."""
     import os
 
@@ -138,7 +138,7 @@ def load_adult_rows(directory: Path | None = None) -> np.ndarray:
         pass
     if directory is None:
         env = os.environ.get("HAARVEST_ADULT_DIR")
-        directory = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "adult"
+        directory = Path(env) if env else Path(__file__).resolve().parents[1] / "data" / "adult"
     return _read_adult_file(Path(directory))
 
 

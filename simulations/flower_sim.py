@@ -84,7 +84,7 @@ __all__ = [
     "run_from_args",
 ]
 
-ADULT_PATH = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "adult" / "adult-coarse.dat"
+ADULT_PATH = Path(__file__).resolve().parents[1] / "data" / "adult" / "adult-coarse.dat"
 
 #: stream name → (dimension kind, Adult column or None for Syn, domain, mechanism)
 STREAMS: dict[str, tuple[str, int | None, int, str]] = {

@@ -1,6 +1,6 @@
 """``haarvest demo --quick`` end to end (broker, coordinator, worker processes of real agents, Adult data): every
 report arrives, later rounds are planned from earlier aggregates, estimates agree with the truth, the report is
-written. Needs the Adult files (../shared/datasets/adult) and a broker (mosquitto or amqtt)."""
+written. Needs the Adult files (data/adult, shipped) and a broker (mosquitto or amqtt)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _adult_available() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _adult_available(), reason="Adult data (../shared/datasets/adult) not available")
+@pytest.mark.skipif(not _adult_available(), reason="Adult data (data/adult) not available")
 @pytest.mark.skipif(mosquitto_path() is None and importlib.util.find_spec("amqtt") is None,
                     reason="no MQTT broker (mosquitto or amqtt) installed")
 def test_quick_demo_runs_end_to_end_under_a_minute(tmp_path, capsys):

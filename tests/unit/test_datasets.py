@@ -25,7 +25,7 @@ from simulations.datasets import (
 )
 
 ADULT_AVAILABLE = (adult_dir() / "adult-coarse.dat").is_file()
-needs_adult = pytest.mark.skipif(not ADULT_AVAILABLE, reason="../shared/datasets/adult not present")
+needs_adult = pytest.mark.skipif(not ADULT_AVAILABLE, reason="data/adult not present")
 
 
 def _write_dataset(root: Path, rows: list[list[int]], domain_lines: list[str], header_rows: int | None = None) -> None:
