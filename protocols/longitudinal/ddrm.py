@@ -231,7 +231,21 @@ class DDRM(LongitudinalProtocol):
         raise NotImplementedError("use privatize_stream / estimate (or privatize_round per time step) for DDRM")
 
 
-class DDRMClient(LongitudinalClient):
+class _TreeClient(LongitudinalClient):
+    """A difference-tree client: no memo slots, PRRs or IRRs (the memo hooks of LongitudinalClient do not apply;
+    ``report`` is the client's own)."""
+
+    def _slot(self, value: Any) -> Any:  # pragma: no cover - trees do not memoize
+        raise NotImplementedError
+
+    def _draw_prr(self, slot: Any, gen: np.random.Generator) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def _irr(self, prr: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+
+class DDRMClient(_TreeClient):
     """Device side of DDRM: ``report(bit)`` returns the ±1 reports (int8 array) of the nodes released now.
 
     The charge is ε per non-zero node reported; there is no memo (``memo_key`` is None). State: time, the stream
@@ -245,15 +259,6 @@ class DDRMClient(LongitudinalClient):
         self.t = 0
         self.last = [0] * protocol.levels
         self.used = 0
-
-    def _slot(self, value: Any) -> Any:  # pragma: no cover - DDRM does not memoize
-        raise NotImplementedError
-
-    def _draw_prr(self, slot: Any, gen: np.random.Generator) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-    def _irr(self, prr: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
 
     @property
     def spent(self) -> float:
@@ -454,7 +459,7 @@ class CategoricalDDRM(LongitudinalProtocol):
         return fleet
 
 
-class CategoricalDDRMClient(LongitudinalClient):
+class CategoricalDDRMClient(_TreeClient):
     """Device side of :class:`CategoricalDDRM`: ``report(value)`` → ``[t, s_1..s_k]`` and the step's charge.
 
     State (``to_state()["device"]``): the step t, the value at the last boundary of every level (−1: none yet —
@@ -468,15 +473,6 @@ class CategoricalDDRMClient(LongitudinalClient):
         self.t, self.used = 0, 0
         self.last = [-1] * protocol.levels
         self.noisy = [[1] * protocol.k for _ in range(protocol.levels)]
-
-    def _slot(self, value: Any) -> Any:  # pragma: no cover - no memo
-        raise NotImplementedError
-
-    def _draw_prr(self, slot: Any, gen: np.random.Generator) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-    def _irr(self, prr: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
 
     @property
     def complete(self) -> bool:

@@ -437,3 +437,23 @@ def test_ddrm_round_is_validated_and_decoded_by_the_coordinator(tmp_path):
         assert np.all(np.asarray(est.ci_low) <= truth) and np.all(truth <= np.asarray(est.ci_high)), (rid, est)
     for a in agents:
         a.close()
+
+
+def test_ddrm_tree_charges_cover_the_whole_tree_in_a_sliding_window(tmp_path):
+    """With renewal_period_s = P a tree's charges count until the tree's end (start + P), not only at their own
+    time: a new tree may start only when the old tree's charges have left every window that could see its
+    releases. Without ``until`` the first charge (t = 0) would leave the window at 100.5 and the new tree fit."""
+    now = [0.0]
+    cfg = simple_config("d", tmp_path / "w", [categorical("x", 3)], [DDRM_STREAM],
+                        ledger={"total_cap": 5.0, "renewal_period_s": 100.0})
+    agent = Agent(cfg, IterableSource([{"x": 1}] * 6), secrets=new_identity(), transport=False,
+                  clock=lambda: now[0]).open()
+    for t in range(4):
+        now[0] = float(t)
+        agent.report(f"r{t}")
+    assert [r["until"] for r in agent.state.ledger_rows()] == [100.0, 100.0]  # 1.5 at t = 0, 3.0 at t = 1
+    now[0] = 100.5  # a new tree (the old one ended at 100); the window (0.5, 100.5] still sees the old tree
+    assert agent.report("r4").refused == [("x", "stream_cap")]
+    now[0] = 200.5  # the old tree has left every window
+    assert agent.report("r5").commits[0].charged == pytest.approx(1.5)
+    agent.close()
