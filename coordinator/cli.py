@@ -158,6 +158,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+_OWN_CERT = ("publishing rounds needs the round publisher's own certificate (rounds_cert and rounds_key, CN "
+             "coordinator-rounds): with the ingest's certificate the broker would hand this connection the ingest's "
+             "session")
+
+
 class PublishError(RuntimeError):
     """Round configurations could not be published (no connection, or the broker refused them)."""
 
@@ -170,13 +175,17 @@ def _mqtt_connect(o: "RunOptions", protocol: int):  # noqa: ANN202 - paho Client
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
-    # never the ingest's client id: a second connection with it would take over the coordinator's session
+    # Never the ingest's identity: a second connection with it would take over (clean start: wipe) the
+    # coordinator's session. With client certificates the broker binds the client id to the certificate's CN
+    # (deploy/mosquitto/haarvest.conf), so the round publisher needs a certificate of its own.
+    if o.mqtt_cert is not None and o.rounds_cert is None:
+        raise PublishError(_OWN_CERT)
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"haarvest-rounds-{_secrets.token_hex(4)}",
                          protocol=protocol)
     if o.mqtt_username:
         client.username_pw_set(o.mqtt_username, o.mqtt_password)
     if o.tls:
-        client.tls_set(ca_certs=o.mqtt_ca, certfile=o.mqtt_cert, keyfile=o.mqtt_key)
+        client.tls_set(ca_certs=o.mqtt_ca, certfile=o.rounds_cert, keyfile=o.rounds_key)
     answered = threading.Event()
     result: dict[str, Any] = {}
 
@@ -242,7 +251,10 @@ def cmd_rounds(args: argparse.Namespace) -> int:
     from coordinator.store import open_store
 
     publishing = args.rounds_cmd != "list" and not args.no_publish
-    o = _options(args, ("mqtt_ca", "mqtt_cert", "mqtt_key") if publishing else ())
+    o = _options(args, ("mqtt_ca", "mqtt_cert", "mqtt_key", "rounds_cert", "rounds_key") if publishing else ())
+    if publishing and o.mqtt_cert is not None and o.rounds_cert is None:
+        print(f"haarvest coordinator rounds {args.rounds_cmd}: nothing changed: {_OWN_CERT}", file=sys.stderr)
+        return 2
     store = open_store(o.db)
     try:
         published: list[tuple[str, bytes]] = []
@@ -363,6 +375,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         _option(sp, "mqtt_key", help="the client certificate's private key (PEM)", metavar="FILE")
         _option(sp, "mqtt_protocol", choices=("5", "3.1.1", "auto"),
                 help="MQTT protocol version (3.1.1 for brokers such as amqtt)")
+        _option(sp, "rounds_cert", metavar="FILE")
+        _option(sp, "rounds_key", metavar="FILE")
 
     def run_options(sp: argparse.ArgumentParser) -> None:
         db(sp)

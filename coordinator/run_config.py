@@ -38,9 +38,9 @@ __all__ = ["RunOptions", "RunConfigError", "load_options", "read_config_file", "
 DEFAULT_DB = "haarvest-coordinator.db"
 DEFAULT_KEY = "coordinator.key"
 #: keys holding file paths (resolved against the config file's directory)
-PATH_KEYS = ("db", "key", "devices", "mqtt_ca", "mqtt_cert", "mqtt_key")
+PATH_KEYS = ("db", "key", "devices", "mqtt_ca", "mqtt_cert", "mqtt_key", "rounds_cert", "rounds_key")
 #: files that must exist when given (the round-signing ``key`` and a SQLite ``db`` are created if missing)
-EXISTING_FILE_KEYS = ("devices", "mqtt_ca", "mqtt_cert", "mqtt_key")
+EXISTING_FILE_KEYS = ("devices", "mqtt_ca", "mqtt_cert", "mqtt_key", "rounds_cert", "rounds_key")
 
 
 class RunConfigError(ValueError):
@@ -73,6 +73,9 @@ class RunOptions(BaseModel):
     mqtt_cert: str | None = None
     mqtt_key: str | None = None
     mqtt_protocol: Literal["5", "3.1.1", "auto"] = "5"
+    rounds_cert: str | None = Field(None, description="the round publisher's own client certificate (CN "
+                                    "coordinator-rounds): `coordinator rounds` never connects with the ingest's")
+    rounds_key: str | None = Field(None, description="the round publisher certificate's private key (PEM)")
 
     @field_validator("mqtt_protocol", mode="before")
     @classmethod
@@ -90,6 +93,8 @@ class RunOptions(BaseModel):
     def _consistent(self) -> "RunOptions":
         if (self.mqtt_cert is None) != (self.mqtt_key is None):
             raise ValueError("mqtt_cert and mqtt_key (the client certificate and its private key) come together")
+        if (self.rounds_cert is None) != (self.rounds_key is None):
+            raise ValueError("rounds_cert and rounds_key (the round publisher's certificate and key) come together")
         if self.mqtt_password is not None and self.mqtt_username is None:
             raise ValueError("mqtt_password without mqtt_username")
         return self

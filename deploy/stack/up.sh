@@ -109,7 +109,7 @@ hosts=(--host localhost --host 127.0.0.1)
 [ -f "$PKI/broker.crt" ] || "$HAARVEST" pki broker --dir "$PKI" "${hosts[@]}" >/dev/null
 DEVICES=()
 for i in $(seq 1 "$N"); do DEVICES+=("dev-$i"); done
-for cn in coordinator "${DEVICES[@]}"; do
+for cn in coordinator coordinator-rounds "${DEVICES[@]}"; do
   [ -f "$PKI/clients/$cn.crt" ] || "$HAARVEST" pki client --dir "$PKI" --id "$cn" >/dev/null
 done
 "$HAARVEST" pki coordinator-key --path "$KEY" |
@@ -151,6 +151,8 @@ mqtt_port = $TLS_PORT
 mqtt_ca = "$PKI/ca.crt"
 mqtt_cert = "$PKI/clients/coordinator.crt"
 mqtt_key = "$PKI/clients/coordinator.key"
+rounds_cert = "$PKI/clients/coordinator-rounds.crt"
+rounds_key = "$PKI/clients/coordinator-rounds.key"
 http_host = "$BIND"
 http_port = $HTTP_PORT
 EOF

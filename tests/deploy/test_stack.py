@@ -119,6 +119,12 @@ def test_stack_two_rounds_over_tls(stack):
     # the coordinator's own certificate (CN "coordinator") on the devices' TLS listener, as the shipped ACL expects
     tls = ["--mqtt-host", "127.0.0.1", "--mqtt-port", env["TLS_PORT"], "--mqtt-ca", str(pki / "ca.crt"),
            "--mqtt-cert", str(pki / "clients" / "coordinator.crt"), "--mqtt-key", str(pki / "clients" / "coordinator.key")]
+    # publishing rounds with the ingest's certificate is refused before anything changes (one cert, one session)
+    refused = subprocess.run([str(HAARVEST), "coordinator", "rounds", "close", "--db", db, "--key", key, *tls,
+                              "--id", "r0"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "rounds_cert" in refused.stderr and refused.stderr.count("\n") == 1
+    tls += ["--rounds-cert", str(pki / "clients" / "coordinator-rounds.crt"),
+            "--rounds-key", str(pki / "clients" / "coordinator-rounds.key")]
     for r, rid in enumerate(("r1", "r2")):
         if r == 0:  # with the stack's coordinator.toml (TLS, the coordinator's certificate)
             _hv("coordinator", "rounds", "open", "--config", conf, "--id", rid,

@@ -30,7 +30,7 @@ def tls_broker(tmp_path):
     ca = tmp_path / "pki"
     pki.init_ca(ca)
     pki.issue_certificate(ca, "broker", ca, server=True, hosts=["localhost", "127.0.0.1"])
-    for cn in ("coordinator", "dev-1", "dev-2"):
+    for cn in ("coordinator", "coordinator-rounds", "dev-1", "dev-2"):
         pki.issue_certificate(ca, cn, ca / "clients")
     port = free_port()
     conf = (DEPLOY / "mosquitto" / "haarvest.conf").read_text()

@@ -32,6 +32,9 @@ def _config(path: Path, port: int, ca: Path, cn: str | None) -> Path:
              f'mqtt_ca = "{ca / "ca.crt"}"', "batch_ms = 10"]
     if cn is not None:
         lines += [f'mqtt-cert = "{ca / "clients" / f"{cn}.crt"}"', f'mqtt-key = "{ca / "clients" / f"{cn}.key"}"']
+        rounds = "coordinator-rounds"  # the round publisher's own identity (one certificate, one session)
+        lines += [f'rounds_cert = "{ca / "clients" / f"{rounds}.crt"}"',
+                  f'rounds_key = "{ca / "clients" / f"{rounds}.key"}"']
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -91,11 +94,11 @@ def test_coordinator_and_rounds_cli_over_tls_with_client_certificate(tls_broker,
         # a device's certificate may not publish rounds (ACL): refused by the broker, reported, exit status 1
         capsys.readouterr()
         assert cli.main(["coordinator", "rounds", "publish", "--config", str(conf),
-                         "--mqtt-cert", str(ca / "clients" / "dev-2.crt"),
-                         "--mqtt-key", str(ca / "clients" / "dev-2.key")]) == 0  # nothing open: nothing to publish
+                         "--rounds-cert", str(ca / "clients" / "dev-2.crt"),
+                         "--rounds-key", str(ca / "clients" / "dev-2.key")]) == 0  # nothing open: nothing to publish
         assert cli.main(["coordinator", "rounds", "open", "--config", str(conf), "--id", "r2", "--epsilon", "1",
-                         "--params", json.dumps(PARAMS), "--mqtt-cert", str(ca / "clients" / "dev-2.crt"),
-                         "--mqtt-key", str(ca / "clients" / "dev-2.key")]) == 1
+                         "--params", json.dumps(PARAMS), "--rounds-cert", str(ca / "clients" / "dev-2.crt"),
+                         "--rounds-key", str(ca / "clients" / "dev-2.key")]) == 1
         err = capsys.readouterr().err
         assert "refused" in err and "Not authorized" in err and "rounds publish" in err, err
         # no client certificate: the broker does not let it in
