@@ -386,8 +386,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         _option(sp, "share_group", metavar="GROUP")
         _option(sp, "batch_size", type=int, help="reports validated and committed per transaction at most")
         _option(sp, "batch_ms", type=float, help="milliseconds a batch waits to fill up")
-        _option(sp, "replay_window", type=int, help="accept not yet stored sequence numbers this far below a "
-                "device's high-water mark (out-of-order delivery across shared-subscription workers)")
+        _option(sp, "replay_window", type=int)
         _option(sp, "http_host")
         _option(sp, "http_port", type=int, metavar="PORT")
         _option(sp, "devices", metavar="FILE")

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -38,7 +39,7 @@ from coordinator.store import Store, StoredReport
 from coordinator.validate import DUPLICATE, Validator, per_device_counters
 from protocols import wire
 
-__all__ = ["IngestSettings", "IngestWorker"]
+__all__ = ["IngestSettings", "IngestWorker", "receipts_for"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,25 @@ class _Run:
         self.subscribed = threading.Event()
         self.batches: queue.Queue = queue.Queue()  # (link, batch id, batch), or None: the reader has finished
         self.threads: list[threading.Thread] = []
+
+
+def receipts_for(results: Sequence[StoredReport | wire.WireError]) -> list[tuple[str, bytes]]:
+    """One receipt per device of a committed batch: ``(receipt topic, payload)`` naming every authentic report
+    processed — stored now or before (duplicates), or rejected for good with its reason. Unauthenticated messages
+    get none (their seq is not the device's word). :class:`protocols.wire.Receipt`."""
+    stored: dict[str, list[int]] = {}
+    rejected: dict[str, list[tuple[int, str]]] = {}
+    for r in results:
+        if isinstance(r, StoredReport):
+            stored.setdefault(r.device_id, []).append(r.seq)
+        elif r.device_id is not None and r.seq is not None:
+            if r.reason == DUPLICATE:
+                stored.setdefault(r.device_id, []).append(r.seq)
+            else:
+                rejected.setdefault(r.device_id, []).append((r.seq, r.reason))
+    return [(wire.receipt_topic(d), wire.encode_receipt(wire.Receipt(d, tuple(stored.get(d, ())),
+                                                                      tuple(rejected.get(d, ())))))
+            for d in sorted(set(stored) | set(rejected))]
 
 
 class IngestWorker:
@@ -254,10 +274,13 @@ class IngestWorker:
             if item is None:
                 return
             link, batch_id, batch = item
-            if not run.abandon.is_set() and self._process(batch, run.abandon):
-                link.send(("done", batch_id))
+            if not run.abandon.is_set():
+                receipts = self._process(batch, run.abandon)
+                if receipts is not None:
+                    link.send(("done", batch_id, receipts))
 
-    def _process(self, batch: list[tuple[str, bytes]], abandon: threading.Event) -> bool:
+    def _process(self, batch: list[tuple[str, bytes]],
+                 abandon: threading.Event) -> list[tuple[str, bytes]] | None:
         """Validate, commit and acknowledge ``batch`` — retried until it commits (or ``abandon`` is set).
 
         A batch is never dropped: MQTT redelivers an unacknowledged message only when the session reconnects, so a
@@ -267,12 +290,11 @@ class IngestWorker:
         batch is retried with back-off: nothing later is processed or acknowledged, the broker holds the rest,
         ``/healthz`` says ``stalled``. Each retry starts from the store's state (:meth:`Validator.reload`). On
         :meth:`stop` a failing batch is abandoned unacknowledged: the persistent session redelivers it to the next
-        run. True once committed."""
+        run. Once committed: the receipts to publish (:func:`receipts_for`); None if abandoned."""
         delay = RETRY_FIRST_S
         while True:
             try:
-                self._process_once(batch)
-                return True
+                return self._process_once(batch)
             except Exception:  # noqa: BLE001 - logged; the batch is retried, never lost
                 log.exception("ingest of a batch of %d messages failed; nothing of it is acknowledged, retrying",
                               len(batch))
@@ -281,7 +303,7 @@ class IngestWorker:
                 if abandon.wait(delay):
                     log.warning("stopping with a batch of %d uncommitted messages: not acknowledged, the broker "
                                 "redelivers them", len(batch))
-                    return False
+                    return None
                 delay = min(2 * delay, RETRY_MAX_S)
                 try:
                     self.validator.reload()
@@ -290,7 +312,7 @@ class IngestWorker:
                     log.warning("validator reload failed (store unavailable?); retrying in %.1f s", delay)
                     self.metrics.record_failure()
 
-    def _process_once(self, batch: list[tuple[str, bytes]]) -> None:
+    def _process_once(self, batch: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
         t0 = time.perf_counter()
         accepted: list[StoredReport] = []
         rejected: Counter[str] = Counter()
@@ -311,3 +333,4 @@ class IngestWorker:
         self.validator.batch_committed()
         self.metrics.record_batch(len(batch), inserted, duplicates + (len(accepted) - inserted), rejected,
                                   time.perf_counter() - t0)
+        return receipts_for(results)

@@ -28,7 +28,8 @@ fleet (mosquitto ≥ 1.6 grants them to MQTT 3.1.1 clients too; amqtt has none).
 
 The pipe (a socketpair carrying pickled tuples, :class:`multiprocessing.connection.Connection`):
 
-* coordinator → receiver: ``("settings", dict)`` first; ``("done", batch_id)`` — committed, acknowledge it;
+* coordinator → receiver: ``("settings", dict)`` first; ``("done", batch_id, receipts)`` — committed: acknowledge it, then
+  publish ``receipts`` (``[(topic, payload)]``, QoS 1, not retained: what each device may stop re-sending);
   ``("publish", request, topic, payload, retain, qos, timeout)``; ``("stop", drain)`` — with ``drain``, hand over
   what is pending and wait (≤ ``drain_timeout``, default :data:`DRAIN_TIMEOUT`) for its ``done``; then disconnect
   and exit.
@@ -316,6 +317,15 @@ class Receiver:
                 if qos > 0 and gen == generation:
                     self.client.ack(mid, qos)
 
+    def _receipts(self, receipts: list[tuple[str, bytes]]) -> None:
+        """Publish a committed batch's receipts (QoS 1, fire and forget: a lost receipt only makes its device
+        re-send, and the copy is receipted as a duplicate)."""
+        for topic, payload in receipts:
+            try:
+                self.client.publish(topic, payload, qos=1)
+            except Exception:  # noqa: BLE001 - never let a receipt stop ingest
+                log.exception("receipt to %s not published", topic)
+
     # ------------------------------------------------------------------ the coordinator's requests
     def _publish(self, request: int, topic: str, payload: bytes, retain: bool, qos: int, timeout: float) -> None:
         error = None
@@ -347,6 +357,7 @@ class Receiver:
             kind = msg[0]
             if kind == "done":
                 self._settle(msg[1])
+                self._receipts(msg[2] if len(msg) > 2 else [])
             elif kind == "publish":
                 threading.Thread(target=self._publish, args=msg[1:], daemon=True).start()
             elif kind == "stop":

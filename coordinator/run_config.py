@@ -62,7 +62,9 @@ class RunOptions(BaseModel):
                                     description="shared-subscription group ($share: MQTT 5; mosquitto also for 3.1.1)")
     batch_size: int = Field(1000, ge=1)
     batch_ms: float = Field(20.0, gt=0)
-    replay_window: int = Field(0, ge=0)
+    replay_window: int | None = Field(None, ge=0, description="strict mode: reject a not yet stored seq this far "
+                                      "below a device's high-water mark (default: none — devices re-send what "
+                                      "was not receipted, late reports are normal)")
     http_host: str = Field("127.0.0.1", min_length=1, description="address of the HTTP API and dashboard")
     http_port: int | None = Field(None, ge=0, le=65535, description="serve the API/dashboard (0: any free port)")
     devices: str | None = Field(None, description="JSON file of devices to enroll at start")

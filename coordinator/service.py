@@ -47,7 +47,7 @@ class CoordinatorConfig:
     shared_group: str | None = None
     batch_size: int = 1000
     batch_ms: float = 20.0
-    replay_window: int = 0
+    replay_window: int | None = None
     http_host: str = "127.0.0.1"
     http_port: int | None = None
     devices_file: str | None = None
@@ -107,7 +107,7 @@ class Coordinator:
         if self.config.devices_file:
             self.import_devices(self.config.devices_file)
         self.validator = Validator(self.store, replay_window=self.config.replay_window)
-        if self.config.shared_group and self.config.replay_window == 0:
+        if self.config.shared_group and self.config.replay_window == 0:  # strict mode chosen explicitly
             log.warning("shared subscription without a replay window: a report redelivered after its worker died "
                         "is rejected as a replay once another worker stored a later seq of the same device; set "
                         "replay_window (e.g. 1000)")

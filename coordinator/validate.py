@@ -105,25 +105,27 @@ class Validator:
             device shows up, at most every ``refresh_interval`` seconds (other processes may enroll); the table of
             rounds at most as often while the round is open (other processes may close it). An unknown round id is
             looked up in the store at once (other processes may open rounds).
-        replay_window: 0 (default) accepts only ``seq > high-water mark``; ``w > 0`` also accepts a not yet
-            stored ``seq`` in ``(hwm - w, hwm]`` (out-of-order delivery across shared-subscription workers).
-            Duplicates are excluded by ``UNIQUE(device_id, seq)`` either way.
+        replay_window: None (default) accepts any authentic ``seq`` not yet stored, however far below the
+            device's high-water mark: a device re-sends every report the coordinator has not receipted (a report
+            the broker lost arrives after later ones), so a late report is the normal recovery path. ``w >= 0``
+            (strict) accepts only ``seq > hwm - w``. A seq stored with another signature is ``seq_regression``
+            (a reset or restored device ledger) and the same one ``duplicate`` (``UNIQUE(device_id, seq)``).
         max_payload: size limit in bytes (at most :data:`protocols.wire.MAX_PAYLOAD`).
         refresh_interval: seconds between re-reads of the devices and rounds tables (see ``store``).
         negative_ttl: seconds a round id not found in the store is remembered as unknown (0: look it up every
             time). Keep it short: it only bounds the store queries of reports naming non-existent rounds.
     """
 
-    def __init__(self, store: Store, replay_window: int = 0, max_payload: int = wire.MAX_PAYLOAD,
+    def __init__(self, store: Store, replay_window: int | None = None, max_payload: int = wire.MAX_PAYLOAD,
                  refresh_interval: float = 1.0, negative_ttl: float = 0.1) -> None:
-        if replay_window < 0:
+        if replay_window is not None and replay_window < 0:
             raise ValueError("replay_window must be >= 0")
         if refresh_interval < 0 or negative_ttl < 0:
             raise ValueError("refresh_interval and negative_ttl must be >= 0")
         if not 0 < max_payload <= wire.MAX_PAYLOAD:
             raise ValueError(f"max_payload must lie in (0, {wire.MAX_PAYLOAD}]")
         self.store = store
-        self.replay_window = int(replay_window)
+        self.replay_window = None if replay_window is None else int(replay_window)
         self.max_payload = int(max_payload)
         self.refresh_interval = float(refresh_interval)
         self.negative_ttl = float(negative_ttl)
@@ -253,11 +255,12 @@ class Validator:
                         bad_body[j] = detail if mask is None else "outside the support of the stream's mechanism"
             for j, (i, report, _, _) in enumerate(authentic):
                 if j in bad_body:
-                    out[i] = wire.WireError("bad_body", bad_body[j])
+                    out[i] = wire.WireError("bad_body", bad_body[j], device_id=report.device_id, seq=report.seq)
                     continue
                 try:
                     self._check_replay(report)
                 except wire.WireError as exc:
+                    exc.device_id, exc.seq = report.device_id, report.seq
                     out[i] = exc
                     continue
                 self._reserve(report)
@@ -294,6 +297,14 @@ class Validator:
             raise
         except (RecursionError, ValueError, TypeError) as exc:  # NaN/inf or unencodable body
             raise wire.WireError("malformed", f"body is not canonical JSON: {type(exc).__name__}") from None
+        try:  # authentic from here on: a rejection names the device and seq (per-device counters, receipts)
+            return self._check_contract(report, t)
+        except wire.WireError as exc:
+            exc.device_id, exc.seq = report.device_id, report.seq
+            raise
+
+    def _check_contract(self, report: wire.Report, t: float) -> tuple[wire.Report, StreamSpec, Any]:
+        """The checks of an authentic report against its round (open, stream, mechanism, body structure)."""
         rnd = self._round(report.round_id)
         if rnd.status != "open":
             raise wire.WireError("round_closed", report.round_id)
@@ -371,7 +382,7 @@ class Validator:
                     raise wire.WireError(DUPLICATE, f"{report.device_id} seq {report.seq}")
                 raise wire.WireError(SEQ_REGRESSION, f"{report.device_id} seq {report.seq} already used",
                                      device_id=report.device_id)
-            if report.seq <= hwm - self.replay_window:
+            if self.replay_window is not None and report.seq <= hwm - self.replay_window:
                 raise wire.WireError(SEQ_REGRESSION, f"{report.device_id} seq {report.seq} <= high-water mark {hwm}",
                                      device_id=report.device_id)
         if (report.device_id, report.stream) in self._reported.get(report.round_id, ()):

@@ -485,6 +485,7 @@ class Agent:
                 self.report(f"interval-{idx}")
                 self._next_interval_report = (idx + 1) * cfg.report_interval_s
         if tr is not None:
+            tr.resend_due()
             cap = tr.capacity()
             if cap > 0:
                 tr.submit(state.pending(after_seq=tr.last_submitted, limit=cap))
@@ -506,6 +507,7 @@ class Agent:
                 return True
             if time.monotonic() >= deadline:
                 return False
+            self.transport.resend_due()
             cap = self.transport.capacity()
             if cap:
                 self.transport.submit(state.pending(after_seq=self.transport.last_submitted, limit=cap))

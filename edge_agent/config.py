@@ -293,6 +293,11 @@ class MqttConfig(_Model):
     reconnect_max_s: int = Field(60, ge=1)
     max_inflight: int = Field(20, ge=1, le=65535)
     client_id: str | None = None
+    receipts: bool = Field(True, description="a report is delivered when the coordinator's receipt names it "
+                           "(end to end); false: on a PUBACK with reason code 0 (broker delivery only)")
+    receipt_timeout_s: float = Field(30.0, gt=0, description="re-send a report not receipted this long after its "
+                                     "PUBACK (doubling per attempt, up to receipt_timeout_max_s)")
+    receipt_timeout_max_s: float = Field(900.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> "MqttConfig":
@@ -302,6 +307,8 @@ class MqttConfig(_Model):
             raise ValueError("mqtt: ca_file/cert_file are set but tls = false")
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ValueError("mqtt: reconnect_max_s must be >= reconnect_min_s")
+        if self.receipt_timeout_max_s < self.receipt_timeout_s:
+            raise ValueError("mqtt: receipt_timeout_max_s must be >= receipt_timeout_s")
         return self
 
 

@@ -4,9 +4,18 @@ Delivery contract (at-least-once, in order):
 
 * The agent hands pending outbox rows to :meth:`MqttTransport.submit` in sequence order, at most
   ``max_inflight`` unacknowledged at a time. paho keeps every submitted message until its PUBACK and resends it
-  (DUP) after a reconnect; a row is marked ``sent`` in the outbox only when its PUBACK arrives
-  (``on_publish(mid)`` → :meth:`take_acks`). After a process restart every ``pending`` row is submitted again, so
-  a report may appear twice on the wire — consumers dedupe by ``(device_id, seq)``.
+  (DUP) after a reconnect.
+* **End to end** (``receipts = true``, the default): a PUBACK only says the broker took the message — it may
+  still drop it (a full queue, a wiped session, reason code 0x10 "no matching subscribers"). A row is marked
+  ``sent`` only when the coordinator's receipt (``wire.receipt_topic(device)``, :class:`protocols.wire.Receipt`,
+  published after it stored the report) names it, and ``rejected`` when the receipt says it will never be stored.
+  A row PUBACKed but not receipted is re-sent after ``receipt_timeout_s`` (doubling per attempt up to
+  ``receipt_timeout_max_s``): no broker-side loss loses a charged report; the coordinator is idempotent.
+  Without receipts a row is ``sent`` on a PUBACK with reason code 0 only. Any other PUBACK reason never marks a
+  row sent: "not authorized", "topic name invalid", "packet too large", "payload format invalid" reject it for
+  good, the rest (0x10, quota exceeded, server busy, …) retry it like a missing receipt. After a process restart
+  every ``pending`` row is submitted again, so a report may appear twice on the wire — consumers dedupe by
+  ``(device_id, seq)``.
 * Callbacks run on paho's network thread. They never touch the database: they append to thread-safe deques
   (acks, incoming round configs) and set ``wake`` so the agent's thread does the durable work.
 * Session: ``clean_start=False`` with a Session Expiry Interval (MQTT 5), ``clean_session=False`` (3.1.1); the
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -43,6 +53,8 @@ __all__ = ["MqttTransport"]
 log = logging.getLogger("haarvest.agent.transport")
 
 _UNSUPPORTED_VERSION = {1, 0x84, 132}
+#: PUBACK reason codes after which the broker will never accept the message as it is: the row is rejected.
+_FINAL_REFUSALS = {0x87, 0x90, 0x95, 0x99}
 #: seconds an open TCP connection may go without CONNACK before ``auto`` treats it as a refusal of MQTT 5
 CONNACK_TIMEOUT = 5.0
 
@@ -55,7 +67,11 @@ class MqttTransport:
         self.device_id = device_id
         self.wake = wake or threading.Event()
         self.protocol = mqtt.MQTTv311 if cfg.protocol == "3.1.1" else mqtt.MQTTv5
-        self._acks: deque[tuple[int, bool]] = deque()  # (mid, accepted)
+        self._acks: deque[tuple[int, int]] = deque()  # (mid, PUBACK reason code)
+        self._receipts: deque[wire.Receipt] = deque()
+        self._awaiting: dict[int, float] = {}  # seq → when to re-send it (PUBACKed, not receipted)
+        self._timeout: dict[int, float] = {}  # seq → its current receipt timeout (doubles per re-send)
+        self._receipt_topic = wire.receipt_topic(device_id)
         self._rounds: deque[bytes] = deque()
         self._mid_seq: dict[int, int] = {}
         self._inflight: set[int] = set()  # seqs handed to paho, not yet acked
@@ -69,6 +85,9 @@ class MqttTransport:
         self._status_extra: dict[str, Any] = {}
         self._client: mqtt.Client | None = None
         self._stopping = False
+        #: (state, since wall-clock time, reason): "connecting", "connected", "disconnected" — for `agent status`
+        self.link: tuple[str, float, str] = ("connecting", time.time(), "")
+        self.resent = 0
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
@@ -102,6 +121,7 @@ class MqttTransport:
             retain=True,
         )
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_message = self._on_message
@@ -165,6 +185,7 @@ class MqttTransport:
         self._connack_seen = True
         if getattr(reason, "is_failure", False) or (isinstance(code, int) and code != 0):
             log.warning("mqtt connect refused", extra={"event": "mqtt_refused", "reason": str(reason)})
+            self.link = ("disconnected", time.time(), f"refused: {reason}")
             if self.cfg.protocol == "auto" and self.protocol == mqtt.MQTTv5 and code in _UNSUPPORTED_VERSION:
                 self._version_failures += 2
                 self.wake.set()
@@ -172,7 +193,10 @@ class MqttTransport:
         self._version_failures = 0
         self.connects += 1
         self.connected.set()
+        self.link = ("connected", time.time(), "")
         client.subscribe(wire.ROUNDS_CURRENT_TOPIC, qos=1)
+        if self.cfg.receipts:
+            client.subscribe(self._receipt_topic, qos=1)
         client.publish(
             wire.status_topic(self.device_id),
             json.dumps({"device_id": self.device_id, "state": "online", **self._status_extra}),
@@ -186,9 +210,24 @@ class MqttTransport:
         )
         self.wake.set()
 
+    def _on_connect_fail(self, _c: Any, _u: Any) -> None:
+        """The TCP/TLS connection could not be made (paho retries with back-off): say why, at warning level."""
+        where = f"{self.cfg.host}:{self.cfg.port}"
+        try:  # paho does not pass the error: probe once (only on failure, at paho's back-off pace)
+            with socket.create_connection((self.cfg.host, self.cfg.port), timeout=2):
+                why = "TCP connects; TLS or MQTT handshake failed (certificate, CA, protocol?)"
+        except OSError as exc:
+            why = str(exc) or type(exc).__name__
+        log.warning("mqtt cannot connect to %s: %s", where, why,
+                    extra={"event": "mqtt_connect_failed", "broker": where, "reason": why})
+        self.link = ("disconnected", self.link[1] if self.link[0] != "connected" else time.time(), why)
+        self.wake.set()
+
     def _on_disconnect(self, _c: Any, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
         was = self.connected.is_set()
         self.connected.clear()
+        if was or self.link[0] == "connecting":
+            self.link = ("disconnected", time.time(), str(reason))
         if not was and self.cfg.protocol == "auto" and self.protocol == mqtt.MQTTv5 and not self._stopping:
             self._version_failures += 1  # closed before any CONNACK: maybe a 3.1.1-only broker
         if was:
@@ -198,13 +237,23 @@ class MqttTransport:
         self.wake.set()
 
     def _on_publish(self, _c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
-        self._acks.append((mid, not getattr(reason, "is_failure", False)))
+        code = getattr(reason, "value", reason)
+        self._acks.append((mid, int(code) if isinstance(code, int) else 0))
         self.wake.set()
 
     def _on_message(self, _c: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
         if msg.topic == wire.ROUNDS_CURRENT_TOPIC:
             self._rounds.append(bytes(msg.payload))
             self.wake.set()
+        elif msg.topic == self._receipt_topic and self.cfg.receipts:
+            try:
+                receipt = wire.decode_receipt(bytes(msg.payload))
+            except wire.WireError as exc:
+                log.warning("ignoring a malformed receipt", extra={"event": "bad_receipt", "reason": str(exc)})
+                return
+            if receipt.device_id == self.device_id:
+                self._receipts.append(receipt)
+                self.wake.set()
 
     # --- agent thread -------------------------------------------------------------------------------------
 
@@ -241,6 +290,9 @@ class MqttTransport:
             return 0
         n = 0
         for row in rows:
+            if row.seq in self._awaiting:  # PUBACKed, its receipt not yet overdue: pass over it
+                self.last_submitted = max(self.last_submitted, row.seq)
+                continue
             if row.seq <= self.last_submitted or row.seq in self._inflight:
                 continue
             info = client.publish(row.topic, row.payload, qos=1)
@@ -254,17 +306,66 @@ class MqttTransport:
         return n
 
     def take_acks(self) -> tuple[list[int], list[int]]:
-        """(acknowledged seqs, rejected seqs) since the last call. Acks of status messages are ignored."""
+        """(delivered seqs, rejected seqs) since the last call (module docstring: receipts, PUBACK reason codes).
+        Acks of status messages are ignored."""
         sent: list[int] = []
         rejected: list[int] = []
+        now = time.monotonic()
         while self._acks:
-            mid, ok = self._acks.popleft()
+            mid, code = self._acks.popleft()
             seq = self._mid_seq.pop(mid, None)
             if seq is None:
                 continue
             self._inflight.discard(seq)
-            (sent if ok else rejected).append(seq)
+            if code in _FINAL_REFUSALS:
+                rejected.append(seq)
+                self._timeout.pop(seq, None)
+            elif code == 0 and not self.cfg.receipts:
+                sent.append(seq)
+            else:  # broker took it (or said 0x10, quota, busy…): wait for the receipt, re-send without one
+                if code:
+                    log.warning("broker accepted a report without delivering it", extra={
+                        "event": "puback_not_delivered", "seq": seq, "reason_code": code})
+                timeout = self._timeout.setdefault(seq, self.cfg.receipt_timeout_s)
+                self._awaiting[seq] = now + timeout
+        while self._receipts:
+            receipt = self._receipts.popleft()
+            for seq in receipt.stored:
+                sent.append(seq)
+                self._forget(seq)
+            for seq, reason in receipt.rejected:
+                rejected.append(seq)
+                self._forget(seq)
+                log.warning("coordinator rejected a report", extra={"event": "report_rejected", "seq": seq,
+                                                                    "reason": reason})
         return sent, rejected
+
+    def _forget(self, seq: int) -> None:
+        self._awaiting.pop(seq, None)
+        self._timeout.pop(seq, None)
+        self._inflight.discard(seq)
+
+    def resend_due(self) -> int:
+        """Make reports whose receipt is overdue submittable again (their timeout doubles, up to the maximum);
+        returns how many. Only while connected: offline, nothing could be receipted anyway."""
+        if not self._awaiting or not self.connected.is_set():
+            return 0
+        now = time.monotonic()
+        due = [seq for seq, when in self._awaiting.items() if when <= now]
+        for seq in due:
+            del self._awaiting[seq]
+            self._timeout[seq] = min(2 * self._timeout.get(seq, self.cfg.receipt_timeout_s),
+                                     self.cfg.receipt_timeout_max_s)
+        if due:
+            self.last_submitted = min(self.last_submitted, min(due) - 1)
+            self.resent += len(due)
+            log.info("re-sending reports without a receipt", extra={"event": "resend", "count": len(due),
+                                                                     "first_seq": min(due)})
+        return len(due)
+
+    @property
+    def awaiting_receipt(self) -> int:
+        return len(self._awaiting)
 
     def take_rounds(self) -> list[bytes]:
         out = []

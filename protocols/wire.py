@@ -27,6 +27,7 @@ import hmac
 import json
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from cryptography.exceptions import InvalidSignature
@@ -52,6 +53,10 @@ __all__ = [
     "report_topic",
     "round_topic",
     "status_topic",
+    "receipt_topic",
+    "Receipt",
+    "encode_receipt",
+    "decode_receipt",
     "ROUNDS_CURRENT_TOPIC",
     "REPORTS_WILDCARD",
     "device_id_from_topic",
@@ -82,11 +87,13 @@ __all__ = [
 class WireError(ValueError):
     """A message that is malformed, unsigned, wrongly signed or otherwise unacceptable. ``reason`` is a short code."""
 
-    def __init__(self, reason: str, detail: str = "", device_id: str | None = None) -> None:
+    def __init__(self, reason: str, detail: str = "", device_id: str | None = None, seq: int | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         #: the (authenticated) device a rejection is charged to, where one is known (per-device counters)
         self.device_id = device_id
+        #: the report's seq when its signature verified: the device is told (receipt) not to re-send it
+        self.seq = seq
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
@@ -118,6 +125,55 @@ def round_topic(round_id: str) -> str:
 
 def status_topic(device_id: str) -> str:
     return f"{TOPIC_PREFIX}/status/{device_id}"
+
+
+def receipt_topic(device_id: str) -> str:
+    """Where the coordinator tells a device which of its reports it has stored (only the coordinator may publish
+    there: deploy/mosquitto/haarvest.acl; a device may read only its own)."""
+    return f"{TOPIC_PREFIX}/receipts/{device_id}"
+
+
+#: At most this many sequence numbers in one receipt (a batch holds at most 10^4 messages in practice).
+MAX_RECEIPT_SEQS = 100_000
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """End-to-end delivery: the reports of ``device_id`` the coordinator has durably processed — ``stored`` (now
+    or earlier: duplicates are receipted again) and ``rejected`` ((seq, reason): authentic, but never to be
+    stored, e.g. a closed round). A device marks a report delivered only on a receipt, never on a PUBACK."""
+
+    device_id: str
+    stored: tuple[int, ...]
+    rejected: tuple[tuple[int, str], ...] = ()
+
+
+def encode_receipt(receipt: Receipt) -> bytes:
+    return canonical_json({"v": 1, "device_id": receipt.device_id, "stored": list(receipt.stored),
+                           "rejected": [[s, r] for s, r in receipt.rejected]})
+
+
+def decode_receipt(payload: bytes) -> Receipt:
+    """Parse a receipt; WireError('malformed') for anything else."""
+    try:
+        obj = json.loads(payload)
+        if not isinstance(obj, dict) or obj.get("v") != 1 or not isinstance(obj.get("device_id"), str):
+            raise ValueError("not a receipt")
+        stored, rejected = obj.get("stored", []), obj.get("rejected", [])
+        if not isinstance(stored, list) or not isinstance(rejected, list) or \
+                len(stored) + len(rejected) > MAX_RECEIPT_SEQS:
+            raise ValueError("bad lists")
+        if any(type(s) is not int or s < 0 for s in stored):
+            raise ValueError("bad seq")
+        rej = []
+        for item in rejected:
+            if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int and item[0] >= 0
+                    and isinstance(item[1], str)):
+                raise ValueError("bad rejection")
+            rej.append((item[0], item[1][:64]))
+        return Receipt(obj["device_id"], tuple(stored), tuple(rej))
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise WireError("malformed", f"receipt: {exc}") from None
 
 
 def device_id_from_topic(topic: str) -> str:

@@ -78,7 +78,7 @@ class V311OnlyProxy:
 def test_auto_protocol_falls_back_to_311(mosquitto, tmp_path):
     proxy = V311OnlyProxy(mosquitto.port)
     cfg = simple_config("dev-f", tmp_path / "f", [numeric("cpu", 0, 100)], report_interval_s=3600.0,
-                        mqtt={"host": "127.0.0.1", "port": proxy.port, "protocol": "auto",
+                        mqtt={"receipts": False, "host": "127.0.0.1", "port": proxy.port, "protocol": "auto",
                               "reconnect_min_s": 1, "reconnect_max_s": 1})
     agent = Agent(cfg, CallableSource(lambda: {"cpu": 5.0}), secrets=new_identity()).open()
     try:

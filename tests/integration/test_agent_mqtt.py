@@ -113,7 +113,7 @@ def test_reports_survive_broker_restart(mosquitto, tmp_path):
                 {"name": "env", "dimensions": ["cpu", "temp"], "mechanism": "ksampling", "epsilon": 0.5},
                 {"name": "mode", "dimensions": ["mode"], "mechanism": "grr"},
             ],
-            mqtt={"port": mosquitto.port, "host": "127.0.0.1", "reconnect_min_s": 1, "reconnect_max_s": 2,
+            mqtt={"receipts": False, "port": mosquitto.port, "host": "127.0.0.1", "reconnect_min_s": 1, "reconnect_max_s": 2,
                   "max_inflight": 4},
             coordinator_public_key=wire.public_key_b64(coord),
         )
@@ -170,7 +170,7 @@ def test_pending_reports_resent_after_agent_restart(mosquitto, tmp_path):
         "dev-r",
         tmp_path / "dev-r",
         [numeric("cpu", 0, 100)],
-        mqtt={"port": mosquitto.port, "host": "127.0.0.1", "reconnect_min_s": 1, "reconnect_max_s": 1},
+        mqtt={"receipts": False, "port": mosquitto.port, "host": "127.0.0.1", "reconnect_min_s": 1, "reconnect_max_s": 1},
         report_interval_s=3600.0,
     )
     values = iter(float(v) for v in range(1000))

@@ -23,7 +23,7 @@ def test_agent_reports_over_tls_with_client_certificate(tls_broker):  # noqa: F8
     ident = new_identity()
     cfg = simple_config(
         "dev-1", ca.parent / "agent-state", [numeric("cpu", 0, 100)],
-        mqtt={"host": "localhost", "port": port, "tls": True, "ca_file": str(ca / "ca.crt"),
+        mqtt={"receipts": False, "host": "localhost", "port": port, "tls": True, "ca_file": str(ca / "ca.crt"),
               "cert_file": str(ca / "clients" / "dev-1.crt"), "key_file": str(ca / "clients" / "dev-1.key"),
               "protocol": "5", "reconnect_min_s": 1, "reconnect_max_s": 2},
         coordinator_public_key=wire.public_key_b64(coord_key),

@@ -86,15 +86,39 @@ def test_replay_below_high_water_mark(setup):
     new = dev.report("r2", "cpu", "hybrid", {"report": 0.2})  # seq 2
     store.commit_batch([v.check(*new)], {})
     v.batch_committed()
-    assert reason(v, *old) == "seq_regression"
+    strict = Validator(store, replay_window=0)  # strict mode: nothing below the high-water mark
+    assert reason(strict, *old) == "seq_regression"
     # a second process (fresh validator) sees the persisted high-water mark
     assert Validator(store)._hwm[dev.device_id] == 2
-    assert reason(Validator(store), *old) == "seq_regression"
+    assert reason(Validator(store, replay_window=0), *old) == "seq_regression"
     # with a replay window the late (never stored) seq 1 is accepted, exactly once
     win = Validator(store, replay_window=4)
     store.commit_batch([win.check(*old)], {})
     win.batch_committed()
     assert reason(win, *old) == "duplicate"
+
+
+def test_a_late_report_is_accepted_by_default_and_receipted(setup):
+    """Devices re-send what the coordinator has not receipted, so a report the broker lost arrives after later
+    ones: by default it is stored (once); a receipt names it, a duplicate is receipted again, a rejection of an
+    authentic report names its seq and reason, an unauthenticated message gets no receipt."""
+    from coordinator.ingest import receipts_for
+
+    store, fleet, v, rounds = setup
+    rounds.open_round("r2", 1.0, PARAMS)
+    dev = fleet.devices[2]
+    old = dev.report("r1", "cpu", "hybrid", {"report": 0.1})  # seq 1, lost by the broker
+    new = dev.report("r2", "cpu", "hybrid", {"report": 0.2})  # seq 2
+    store.commit_batch([v.check(*new)], {})
+    v.batch_committed()
+    results = v.check_batch([old, new, dev.report("nope", "cpu", "hybrid", {"report": 0.0}),
+                             (old[0], b"{")])
+    kinds = [r.reason if isinstance(r, wire.WireError) else "ok" for r in results]
+    assert kinds[:2] == ["ok", "duplicate"] and kinds[3] == "malformed"
+    (topic, payload), = receipts_for(results)
+    receipt = wire.decode_receipt(payload)
+    assert topic == wire.receipt_topic(dev.device_id) and receipt.device_id == dev.device_id
+    assert sorted(receipt.stored) == [1, 2] and [s for s, _ in receipt.rejected] == [3]
 
 
 def test_not_after_and_params_validation(setup):
@@ -199,7 +223,7 @@ def test_registry_key_decides_the_algorithm(tmp_path):
 def test_check_batch_matches_message_by_message(setup):
     """A batch gives every message the outcome :meth:`Validator.check` gives it in arrival order: out-of-support
     rows (hybrid's bound is ~3.4 at ε = 1) are ``bad_body`` without costing their neighbours, a copy inside the
-    batch is a ``duplicate``, an older seq after a newer one of the same device is a ``replay``."""
+    batch is a ``duplicate``, an older, never stored seq after a newer one of the same device is accepted (a re-sent report)."""
     store, fleet, v, rounds = setup
     rounds.open_round("r2", 1.0, PARAMS)
     a, b, c = fleet.devices
@@ -211,8 +235,8 @@ def test_check_batch_matches_message_by_message(setup):
     msgs += [msgs[0], new_c, old_c, ("haarvest/v1/reports/" + a.device_id, b"{")]
     results = v.check_batch(msgs)
     kinds = [r.reason if isinstance(r, wire.WireError) else "ok" for r in results]
-    assert kinds == ["ok", "bad_body", "ok", "duplicate", "ok", "seq_regression", "malformed"]
-    assert store.commit_batch([r for r in results if not isinstance(r, wire.WireError)], {}) == 3
+    assert kinds == ["ok", "bad_body", "ok", "duplicate", "ok", "ok", "malformed"]  # a late seq is accepted
+    assert store.commit_batch([r for r in results if not isinstance(r, wire.WireError)], {}) == 4
     v.batch_committed()
     # the out-of-support report reserved nothing: b's next report for r1 is still accepted
     assert v.check(*b.report("r1", "cpu", "hybrid", {"report": 1.0})).device_id == b.device_id
