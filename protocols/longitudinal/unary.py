@@ -41,7 +41,8 @@ class LongitudinalUE(LongitudinalProtocol):
         self.k = check_int(k, "k", 2)
         self.chain: TwoStageChain = self._make_chain()
         if not math.isclose(ue_epsilon(self.chain.p_star, self.chain.q_star), self.epsilon_1, rel_tol=1e-9):
-            raise AssertionError("unary chain parameters do not give the requested one-report epsilon")
+            raise ValueError(f"(ε∞={self.epsilon_inf:g}, ε1={self.epsilon_1:g}) is outside the range where the unary "
+                             "chain's parameters are numerically exact")
 
     def _make_chain(self) -> TwoStageChain:
         raise NotImplementedError

@@ -18,7 +18,7 @@ from simulations.eval.common import EvalConfig, Figure, Panel, Section, Stat, Ta
 from simulations.eval.common import progress, series_of, summarise
 
 NAME = "range"
-TITLE = "7. Range queries: HaarHRR versus flat oracles"
+TITLE = "8. Range queries: HaarHRR versus flat oracles"
 EPSILONS = (1.0, 4.0)
 QUICK_EPSILONS = (1.0,)
 LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 360)

@@ -29,6 +29,7 @@ EXPERIMENTS: tuple[str, ...] = (
     "exp_evolving",
     "exp_timing",
     "exp_privacy",
+    "exp_device",
     "exp_range",
 )
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -112,3 +112,27 @@ def test_peers_are_optional(monkeypatch):
     assert peer_protocols(1.0, 8) == []
     subjects = exp_timing.subjects(np.random.default_rng(0), jit=False)
     assert subjects and not any(s.peer for s in subjects)
+
+
+def test_device_level_comparison_spends_the_same_budget(quick_run):
+    """Every protocol of experiment 7 costs exactly B per window under the device unit (or cannot be configured)."""
+    from protocols.frequency import GRR, OUE
+    from simulations.eval.exp_device import CHAINS, ddrm_at_device_budget, ddrm_crossover
+
+    _, sections, _, _ = quick_run
+    data = sections["device"].data
+    for (name, label), (floor, at) in data["floors"].items():
+        assert floor > 0 and at > 0, (name, label)
+    assert {label for _, label in data["floors"]} == set(CHAINS)
+    # LOLOHA with g = 2: as ε∞ → 0 at α = 1/2 the IRR's input ε tends to ln 3 from above (never to 0)
+    assert all(floor == pytest.approx(np.log(3), abs=2e-3) for (_, label), (floor, _) in data["floors"].items()
+               if label == "BiLOLOHA")
+    for k in (14, 360):
+        proto = ddrm_at_device_budget(4.0, 16, k, 1)
+        assert proto.device_epsilon(16) == pytest.approx(4.0)
+    # the crossover is where DDRM-k's variance first falls below the rotation's: later than 1 report per window
+    t = ddrm_crossover(4.0, 14)
+    assert t is not None and t > 16
+    assert min(GRR(4.0, 14).variance(0.0), OUE(4.0, 14).variance(0.0)) > 0
+    for name in data["mse"]:
+        assert set(data["mse"][name]) >= {"OUE every round (ε = B/T)", "DDRM-k, c = 1 declared changes"}
