@@ -28,6 +28,16 @@ def wait_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
 
 
+def wait_until(pred, timeout: float, poll: float = 0.05) -> bool:
+    """Poll ``pred`` until it is true or ``timeout`` seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(poll)
+    return bool(pred())
+
+
 class Mosquitto:
     """A mosquitto process with persistence in ``workdir``; ``restart()`` keeps sessions and queued messages."""
 

@@ -18,6 +18,7 @@ from coordinator.store import SQLiteStore
 from edge_agent.agent import Agent
 from edge_agent.embed import new_identity, numeric, simple_config
 from edge_agent.sources import CallableSource
+from tests.brokers import wait_until
 from tests.deploy.test_tls_acl import tls_broker  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -39,13 +40,7 @@ def _config(path: Path, port: int, ca: Path, cn: str | None) -> Path:
     return path
 
 
-def _wait(pred, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
+_wait = wait_until
 
 
 def test_coordinator_and_rounds_cli_over_tls_with_client_certificate(tls_broker, tmp_path, capsys):  # noqa: F811

@@ -18,7 +18,7 @@ from edge_agent import Agent, run_fleet
 from edge_agent.embed import categorical, enrolment, new_identity, numeric, simple_config
 from edge_agent.sources import CallableSource
 from edge_agent.state import State
-from tests.brokers import mosquitto  # noqa: F401 - fixture
+from tests.brokers import mosquitto, wait_until  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 
@@ -45,13 +45,7 @@ def _cfg(i, tmp_path, port, pub, protocol="5"):
                                "reconnect_max_s": 2})
 
 
-def _wait(pred, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
+_wait = wait_until
 
 
 def _stored(coord, rid):

@@ -20,7 +20,7 @@ from coordinator.service import Coordinator, CoordinatorConfig
 from edge_agent import Agent, run_fleet
 from edge_agent.embed import enrolment, new_identity, numeric, simple_config
 from edge_agent.sources import CallableSource
-from tests.brokers import free_port, mosquitto  # noqa: F401 - fixture
+from tests.brokers import free_port, mosquitto, wait_until  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 
@@ -29,13 +29,7 @@ CLIENT_ID = "receipts-coordinator"
 STREAMS = [{"name": "cpu", "dimensions": ["cpu"], "mechanism": "hybrid", "epsilon": 1.0}]
 
 
-def _wait(pred, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
+_wait = wait_until
 
 
 def _agent(i: int, tmp_path, port: int, pub: str | None, receipts: bool) -> Agent:
