@@ -177,9 +177,7 @@ def _mqtt_connect(o: "RunOptions", protocol: int):  # noqa: ANN202 - paho Client
 
     # Never the ingest's identity: a second connection with it would take over (clean start: wipe) the
     # coordinator's session. With client certificates the broker binds the client id to the certificate's CN
-    # (deploy/mosquitto/haarvest.conf), so the round publisher needs a certificate of its own.
-    if o.mqtt_cert is not None and o.rounds_cert is None:
-        raise PublishError(_OWN_CERT)
+    # (deploy/mosquitto/haarvest.conf), so the round publisher presents its own (cmd_rounds refuses without one).
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"haarvest-rounds-{_secrets.token_hex(4)}",
                          protocol=protocol)
     if o.mqtt_username:

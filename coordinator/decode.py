@@ -3,7 +3,7 @@
 A :class:`StreamDecoder` is built once per round and stream (``StreamSpec.build()``) and answers three questions:
 
 * :meth:`StreamDecoder.check_row` — can this one report row (the ``"report"`` of a body, already through
-  :func:`coordinator.schemas.body_row`) come from the stream's mechanism? Its shape must be the mechanism's row
+  :func:`protocols.contract.body_row`) come from the stream's mechanism? Its shape must be the mechanism's row
   shape (found by privatizing one dummy value), integer streams (frequency oracles, longitudinal protocols) must
   carry integers, and the mechanism's decoder must accept it: ``debias`` for numeric mechanisms (finite, inside
   the output bound ``[-B, B]`` — PM's C, HM's and Duchi's B, k-sampling's (d/k)·B, both parts of a Haar row),
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.schemas import BODY_KEY, StreamSpec
+from protocols.contract import BODY_KEY, StreamSpec
 from protocols.base import os_rng
 
 __all__ = ["StreamDecoder", "DecodedReports"]

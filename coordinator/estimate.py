@@ -47,7 +47,7 @@ from typing import Any, Literal
 import numpy as np
 
 from coordinator.decode import DecodedReports, StreamDecoder
-from coordinator.schemas import BODY_KEY, StreamSpec, denormalise, parse_round_params
+from protocols.contract import BODY_KEY, StreamSpec, denormalise, parse_round_params
 from coordinator.store import Store
 from protocols import wire
 from protocols.base import confidence_interval

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from coordinator.estimate import StreamEstimate, estimate_round
 from coordinator.rounds import RoundManager
-from coordinator.schemas import parse_round_params
+from protocols.contract import parse_round_params
 from coordinator.store import Store, StoredReport
 from coordinator.validate import DUPLICATE, Validator, per_device_counters
 from protocols import wire
@@ -72,7 +72,7 @@ TTL_MARGIN = 30.0
 class FlowerSettings:
     """What one Flower run of the coordinator does.
 
-    ``base_params`` is a :class:`coordinator.schemas.RoundParams` (as JSON) for round 1 and the template the planners
+    ``base_params`` is a :class:`protocols.contract.RoundParams` (as JSON) for round 1 and the template the planners
     update for later rounds; ``epsilon`` is the most one device may spend per round (devices clamp it to their own
     maximum). ``timeout`` cuts stragglers off; ``min_nodes``/``node_wait``: wait up to ``node_wait`` seconds for
     that many nodes before round 1. ``send_time``: put the round index in each request as the simulated time step

@@ -1,6 +1,6 @@
 """Collection rounds: signed, published, stored — and planned from earlier rounds' aggregates (SPEC §5).
 
-A round is a :class:`protocols.wire.RoundConfig` whose ``params`` follow :class:`coordinator.schemas.RoundParams`.
+A round is a :class:`protocols.wire.RoundConfig` whose ``params`` follow :class:`protocols.contract.RoundParams`.
 :class:`RoundManager` validates it (every stream's mechanism must build; the streams' ε must add up to at most
 the round's ε — one device answers every stream, sequential composition, SPEC §4), signs it with the
 coordinator's Ed25519 key, stores it, and publishes it retained on ``haarvest/v1/rounds/current`` and
@@ -28,7 +28,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from coordinator.estimate import StreamEstimate
-from coordinator.schemas import HeavyHitterSpec, RoundParams, StreamSpec, parse_round_params
+from protocols.contract import HeavyHitterSpec, RoundParams, StreamSpec, parse_round_params
 from coordinator.store import Store
 from protocols import wire
 

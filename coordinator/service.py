@@ -26,7 +26,7 @@ from coordinator.estimate import StreamEstimate, VarianceBasis, estimate_round
 from coordinator.ingest import IngestSettings, IngestWorker
 from coordinator.metrics import Metrics
 from coordinator.rounds import RoundManager
-from coordinator.schemas import RoundParams
+from protocols.contract import RoundParams
 from coordinator.store import Store, open_store
 from coordinator.validate import Validator
 from protocols import wire

@@ -2,7 +2,7 @@
 
 Each simulated device has a report key (Ed25519 by default, or HMAC-SHA256), a boot counter and a strictly increasing sequence number, and emits
 ``(topic, payload)`` pairs exactly as a real device would (:mod:`protocols.wire`, body convention of
-:mod:`coordinator.schemas`). Privatization is left to the caller (``mechanism.privatize`` over the whole fleet
+:mod:`protocols.contract`). Privatization is left to the caller (``mechanism.privatize`` over the whole fleet
 at once, vectorised), so this module only signs.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.schemas import make_body
+from protocols.contract import make_body
 from protocols import registry, wire
 
 __all__ = ["SimDevice", "SimFleet"]

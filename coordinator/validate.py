@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from coordinator.decode import StreamDecoder
-from coordinator.schemas import RoundParams, StreamSpec, body_row, parse_round_params
+from protocols.contract import RoundParams, StreamSpec, body_row, parse_round_params
 from coordinator.store import STORE_ERRORS, Store, StoredReport
 from protocols import wire
 

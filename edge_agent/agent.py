@@ -437,7 +437,7 @@ class Agent:
         return outcome
 
     def stream_specs(self) -> dict[str, dict[str, Any]]:
-        """``{stream: StreamSpec}`` (JSON-ready, :mod:`coordinator.schemas`) a round must send for this device to
+        """``{stream: StreamSpec}`` (JSON-ready, :mod:`protocols.contract`) a round must send for this device to
         answer every stream as configured — build rounds from this (the device refuses other bounds)."""
         if self.pipeline is not None:
             return self.pipeline.stream_specs()

@@ -55,7 +55,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from coordinator.schemas import StreamSpec
+from protocols.contract import StreamSpec
 from protocols import wire
 
 from .agent import Agent, ReportOutcome

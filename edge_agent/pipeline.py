@@ -34,7 +34,7 @@ dimensions → HM k-sampling, Duchi multi-dim or the Haar record mechanism for t
 "mean" | "range" | "dyadic" | "total"}``, default ``mean``). For d = 1 the k-sampling winner is HM itself and is
 reported as ``hybrid``.
 
-**Round specs** (the coordinator's :class:`coordinator.schemas.StreamSpec`, the single contract): a device answers
+**Round specs** (the coordinator's :class:`protocols.contract.StreamSpec`, the single contract): a device answers
 a stream of a round with the round's mechanism only if the spec's kind fits the stream (and the mechanism's class:
 a numeric mechanism for numeric dimensions, a frequency oracle for a categorical one), its ``dims`` are the
 stream's dimensions in order, its ``labels`` (when given) are the device's categories in order, its ``bounds`` equal the device's declared bounds (a device never adopts other
@@ -45,7 +45,7 @@ and caps Σδ by ``ledger.delta_cap``. A spec's ``rounding`` steps (public, plan
 steps for that report: ``y = lo + ⌊(x − lo)/step + u⌋·step`` with the device's life-long offset u. For a
 dimension the device α-rounds, only its nested grid steps ``(hi − lo)/K_base·2^m`` (m ≥ 0, ≤ hi − lo) are followed;
 ``null`` (exact) and finer or other steps are refused (``rounding``), so a round cannot multiply memo entries. Heavy-hitter prefix rounds map the value to the round's item
-(:func:`coordinator.schemas.heavy_hitter_items`; the candidates are part of the memo spec). :func:`stream_specs`
+(:func:`protocols.contract.heavy_hitter_items`; the candidates are part of the memo spec). :func:`stream_specs`
 gives the specs a device answers exactly as configured.
 """
 
@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.schemas import CHANGE_BOUNDED, LONGITUDINAL_PROTOCOLS, HeavyHitterSpec, StreamSpec, heavy_hitter_items
+from protocols.contract import CHANGE_BOUNDED, LONGITUDINAL_PROTOCOLS, HeavyHitterSpec, StreamSpec, heavy_hitter_items
 from protocols import registry, wire
 from protocols.base import FrequencyOracle, NumericMechanism, os_rng
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
@@ -187,7 +187,7 @@ class StreamPlan:
 
     @property
     def spec_kind(self) -> str:
-        """The coordinator's :class:`~coordinator.schemas.StreamSpec` kind of this plan."""
+        """The coordinator's :class:`~protocols.contract.StreamSpec` kind of this plan."""
         if self.longitudinal:
             return "longitudinal"
         if self.kind == "categorical":
@@ -819,7 +819,7 @@ class Pipeline:
 
     @staticmethod
     def _item(plan: StreamPlan, record: Record) -> int:
-        """A heavy-hitter round's oracle item for the value (:func:`coordinator.schemas.heavy_hitter_items`)."""
+        """A heavy-hitter round's oracle item for the value (:func:`protocols.contract.heavy_hitter_items`)."""
         assert plan.heavy_hitters is not None
         return int(heavy_hitter_items(plan.heavy_hitters, [record.values[plan.dimensions[0].name]])[0])
 

@@ -172,7 +172,7 @@ class DemoData:
 
     def truth(self, r: int, spec: Any, stream: str) -> list[float]:
         """The true value of each estimated quantity of ``stream`` in round r (means in x units, frequencies)."""
-        from coordinator.schemas import heavy_hitter_items
+        from protocols.contract import heavy_hitter_items
 
         s = self.static
         if stream == "profile":
@@ -217,7 +217,7 @@ def _device_config(i: int, run_dir: Path, broker: Any, coord_pub: str) -> Any:
 
 def _first_round_params(specs: dict[str, Any]) -> dict[str, Any]:
     """Round 1: the devices' own stream specs, and the first heavy-hitter step on ``country`` (top 2 of 6 bits)."""
-    from coordinator.schemas import HeavyHitterSpec
+    from protocols.contract import HeavyHitterSpec
 
     streams = json.loads(json.dumps(specs))
     hh = HeavyHitterSpec(bits=HH_BITS, prefix_bits=0, step_bits=2, candidates=[0])
@@ -398,7 +398,7 @@ def _html_table(rows: list[dict[str, Any]]) -> str:
 
 def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
     """Run the whole demo (see the module docstring); returns what it measured."""
-    from coordinator.schemas import parse_round_params
+    from protocols.contract import parse_round_params
     from coordinator.service import Coordinator, CoordinatorConfig
     from edge_agent.pipeline import stream_specs
     from simulations.broker import start_broker

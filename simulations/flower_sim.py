@@ -202,7 +202,7 @@ def device_config(spec: SimFleetSpec, device: int) -> Any:
 
 
 def round_params(spec: SimFleetSpec) -> dict[str, Any]:
-    """The coordinator's base :class:`coordinator.schemas.RoundParams` matching :func:`device_config`."""
+    """The coordinator's base :class:`protocols.contract.RoundParams` matching :func:`device_config`."""
     streams: dict[str, Any] = {}
     for name in spec.streams:
         kind, _, k, mech = STREAMS[name]

@@ -33,7 +33,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from coordinator.rounds import RoundManager
-from coordinator.schemas import parse_round_params
+from protocols.contract import parse_round_params
 from coordinator.simfleet import SimFleet
 from coordinator.store import SQLiteStore
 from protocols import wire

@@ -13,7 +13,7 @@ pytest.importorskip("flwr")
 
 from coordinator.flower_app import FlowerCoordinator, FlowerSettings  # noqa: E402
 from coordinator.rounds import plan_round  # noqa: E402
-from coordinator.schemas import parse_round_params  # noqa: E402
+from protocols.contract import parse_round_params  # noqa: E402
 from coordinator.store import open_store  # noqa: E402
 from edge_agent.agent import Agent  # noqa: E402
 from edge_agent.embed import new_identity  # noqa: E402

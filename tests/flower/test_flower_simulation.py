@@ -16,7 +16,7 @@ from scipy import stats  # noqa: E402
 
 from coordinator.estimate import estimate_round  # noqa: E402
 from coordinator.rounds import RoundManager, plan_round  # noqa: E402
-from coordinator.schemas import parse_round_params  # noqa: E402
+from protocols.contract import parse_round_params  # noqa: E402
 from coordinator.store import open_store  # noqa: E402
 from coordinator.validate import Validator  # noqa: E402
 from edge_agent.agent import Agent  # noqa: E402

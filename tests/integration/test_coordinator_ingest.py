@@ -21,6 +21,7 @@ from coordinator.service import Coordinator, CoordinatorConfig
 from coordinator.simfleet import SimFleet
 from coordinator.store import SQLiteStore
 from protocols import wire
+from tests.brokers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -45,15 +46,6 @@ def signed_reports(fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
         for dev in fleet.devices:
             out.append(dev.report(round_id, stream, "duchi", {"report": 2.1639534137386525}))
     return out
-
-
-def wait_until(pred, timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
 
 
 def test_in_process_ingest_and_round_publication(mosquitto, tmp_path):

@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from coordinator.schemas import make_body, normalise
+from protocols.contract import make_body, normalise
 from coordinator.service import Coordinator, CoordinatorConfig
 from coordinator.simfleet import SimFleet
 from protocols import registry

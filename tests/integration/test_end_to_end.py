@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from coordinator.rounds import plan_round
-from coordinator.schemas import HeavyHitterSpec, heavy_hitter_items, parse_round_params
+from protocols.contract import HeavyHitterSpec, heavy_hitter_items, parse_round_params
 from coordinator.service import Coordinator, CoordinatorConfig
 from edge_agent import Agent, run_fleet
 from edge_agent.embed import categorical, enrolment, new_identity, numeric, simple_config

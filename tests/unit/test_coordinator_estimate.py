@@ -7,7 +7,7 @@ import pytest
 
 from coordinator.estimate import estimate_round, estimate_stream, project_to_simplex
 from coordinator.rounds import RoundManager, plan_heavy_hitters, plan_rounding_steps, quantise_step
-from coordinator.schemas import (HeavyHitterSpec, StreamSpec, denormalise, heavy_hitter_items, make_body,
+from protocols.contract import (HeavyHitterSpec, StreamSpec, denormalise, heavy_hitter_items, make_body,
                                  normalise)
 from coordinator.simfleet import SimFleet
 from coordinator.store import SQLiteStore

@@ -238,7 +238,7 @@ def test_haar_device_pipeline_does_not_import_scipy(tmp_path):
 
 def _coverage(spec_data, values, truth, reps, rng):
     from coordinator.estimate import estimate_stream
-    from coordinator.schemas import StreamSpec
+    from protocols.contract import StreamSpec
 
     spec = StreamSpec.model_validate(spec_data)
     mech = spec.build()
@@ -338,7 +338,7 @@ def test_ingest_rejects_reports_outside_the_mechanisms_support(tmp_path):
 
 def test_estimator_drops_and_counts_out_of_support_rows():
     from coordinator.estimate import estimate_stream
-    from coordinator.schemas import StreamSpec
+    from protocols.contract import StreamSpec
 
     rng = np.random.default_rng(3)
     spec = StreamSpec.model_validate(SUPPORT_STREAMS["cpu"])
@@ -356,7 +356,7 @@ def test_estimator_drops_and_counts_out_of_support_rows():
 def test_estimate_round_survives_a_poisoned_store(tmp_path):
     from coordinator.estimate import estimate_round
     from coordinator.rounds import RoundManager
-    from coordinator.schemas import StreamSpec
+    from protocols.contract import StreamSpec
     from coordinator.store import SQLiteStore, StoredReport
 
     rng = np.random.default_rng(4)
@@ -376,7 +376,7 @@ def test_estimate_round_survives_a_poisoned_store(tmp_path):
 
 
 def _bodies_and_rows(name, n, rng):
-    from coordinator.schemas import StreamSpec
+    from protocols.contract import StreamSpec
 
     spec = StreamSpec.model_validate(SUPPORT_STREAMS[name])
     mech = spec.build()

@@ -11,7 +11,7 @@ import pytest
 
 from coordinator.estimate import estimate_round
 from coordinator.rounds import RoundManager
-from coordinator.schemas import StreamSpec, parse_round_params
+from protocols.contract import StreamSpec, parse_round_params
 from coordinator.store import SQLiteStore
 from coordinator.validate import Validator
 from edge_agent.agent import Agent
@@ -233,7 +233,7 @@ def test_pipeline_round_plan_shim_keeps_the_old_signature(tmp_path):
 
 
 def test_heavy_hitter_rounds_map_values_to_the_rounds_items(tmp_path):
-    from coordinator.schemas import HeavyHitterSpec, heavy_hitter_items
+    from protocols.contract import HeavyHitterSpec, heavy_hitter_items
 
     dims = [categorical("country", 41)]
     streams = [{"name": "country", "dimensions": ["country"], "mechanism": "oue", "epsilon": 1.0}]

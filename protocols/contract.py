@@ -1,7 +1,7 @@
-"""The round-parameter and report-body conventions shared by the coordinator and the edge agent.
+"""The round contract: the round-parameter and report-body conventions the coordinator and the edge agent share.
 
-This module is the contract (see docs/coordinator.md); it depends only on pydantic, numpy and
-:mod:`protocols.wire`, so a device may import it.
+It lives in :mod:`protocols` (the one package both sides import; the device never imports the coordinator) and
+depends only on pydantic, numpy and :mod:`protocols.wire` (see docs/coordinator.md).
 
 **Round parameters.** ``RoundConfig.params`` (:mod:`protocols.wire`) is a :class:`RoundParams`::
 
