@@ -3,41 +3,159 @@
 Routes (GET):
 
 * ``/healthz`` — ``{"status": "ok" | "stalled", "mqtt_connected": …, "stalled_since": …}`` (``stalled``, with HTTP
-  503: a batch of reports keeps failing to commit — ingest is waiting for the store, nothing is acknowledged);
+  503: a batch of reports keeps failing to commit — ingest is waiting for the store, nothing is acknowledged).
+  The only route open without a token (a liveness probe reveals nothing about the fleet);
 * ``/api/rounds`` — every round (status, ε, streams, the signed configuration); ``/api/rounds/<id>`` — one;
 * ``/api/estimates/<round>`` — estimates with confidence intervals per stream (query: ``level``, ``variance``
   = plugin|worst, ``consistency`` = 0|1);
+* ``/api/devices`` — every enrolled device: status (``quarantined`` included), contract, stored reports, receipts
+  and rejections by reason;
 * ``/api/metrics`` — ingest counters of this process and the durable totals;
 * ``/`` — the dashboard: per stream and dimension, the estimate over rounds with its confidence band, and the
   latest round's frequencies with interval whiskers, as inline SVG rendered on the server.
+
+**Locked.** Every route but ``/healthz`` needs a bearer token (``Authorization: Bearer <token>``, or
+``?token=<token>`` so that a browser can open the dashboard): one of the lines of the token file
+(:func:`load_tokens`; by default ``<db>.api-token`` beside a SQLite database, created with a random token, mode
+0600). Without one: HTTP 401. Tokens are compared in constant time.
+
+**Ingest first.** The API never blocks or starves ingest: it reads through its own store connection (SQLite WAL
+readers do not block the writer; PostgreSQL: its own session); at most ``max_threads`` requests are served at once
+(HTTP 503 beyond); a client that sends nothing for ``request_timeout`` seconds is dropped; estimates are computed
+one at a time and cached (at most ``cache_size`` entries, least recently used out). A cached estimate is served
+until the round's number of stored reports changes — and, while reports keep arriving, for at least
+``max(min_refresh_s, 2 × the time it took)``: the page is then at most that stale, and the API spends at most
+about a third of the process's time on estimates however many clients poll it.
 """
 
 from __future__ import annotations
 
+import hmac
+import logging
 import html
 import json
+import os
+import secrets
 import threading
+import time
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
+
+
 if TYPE_CHECKING:  # pragma: no cover
     from coordinator.service import Coordinator
+    from coordinator.store import Store
 
-__all__ = ["ApiServer", "render_dashboard", "render_report", "stream_charts", "svg_band_chart", "svg_bar_chart"]
+log = logging.getLogger(__name__)
+
+__all__ = ["ApiServer", "load_tokens", "default_token_file", "render_dashboard", "render_report", "stream_charts",
+           "svg_band_chart", "svg_bar_chart"]
+
+
+def default_token_file(db: str) -> Path | None:
+    """``<db>.api-token`` for a SQLite database file; None for ``:memory:`` and PostgreSQL."""
+    if db == ":memory:" or db.startswith(("postgresql://", "postgres://")):
+        return None
+    return Path(db[len("sqlite:///"):] if db.startswith("sqlite:///") else db).with_suffix(".api-token")
+
+
+def load_tokens(path: str | Path | None, create: bool = True) -> list[str]:
+    """The API tokens in ``path`` (one per line; blank lines and ``#`` comments ignored). A missing file is created
+    with one random token (mode 0600) when ``create``; None gives one ephemeral token. ValueError if the file
+    holds no token or a token shorter than 16 characters."""
+    if path is None:
+        return [secrets.token_urlsafe(24)]
+    p = Path(path)
+    if not p.exists() and create:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(24) + "\n")
+    tokens = [line.strip() for line in p.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    if not tokens or any(len(t) < 16 for t in tokens):
+        raise ValueError(f"API token file {p}: needs one token per line, each at least 16 characters")
+    return tokens
+
+
+def _reader_store(coordinator: "Coordinator") -> tuple["Store", bool]:
+    """A store connection of the API's own (and whether it is to be closed), or the coordinator's if its database
+    cannot be opened twice (``:memory:``)."""
+    from coordinator.store import PostgresStore, SQLiteStore
+
+    store = coordinator.store
+    if isinstance(store, SQLiteStore) and store.path != ":memory:":
+        return SQLiteStore(store.path), True
+    if isinstance(store, PostgresStore):
+        return PostgresStore(store.dsn), True
+    return store, False
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per request, at most ``max_threads`` at once: beyond, an immediate 503 and the connection closed."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type, max_threads: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_threads)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n"
+                                b"Retry-After: 1\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer is not an error worth a traceback; anything else is logged."""
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        log.exception("API request from %s failed", client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class ApiServer:
-    """Serves the API for a :class:`coordinator.service.Coordinator` on a background thread."""
+    """Serves the API for a :class:`coordinator.service.Coordinator` on a background thread (see the module
+    docstring for authentication and the limits)."""
 
-    def __init__(self, coordinator: "Coordinator", host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, coordinator: "Coordinator", host: str = "127.0.0.1", port: int = 0, *,
+                 tokens: list[str] | None = None, max_threads: int = 8, request_timeout: float = 10.0,
+                 cache_size: int = 256, min_refresh_s: float = 2.0) -> None:
+        from coordinator.rounds import RoundManager
+
+        if max_threads < 1 or request_timeout <= 0 or cache_size < 1 or min_refresh_s < 0:
+            raise ValueError("max_threads and cache_size must be >= 1, request_timeout > 0, min_refresh_s >= 0")
         self.coordinator = coordinator
-        self._cache: dict[tuple, tuple[int, dict[str, Any]]] = {}
+        self.tokens = [t.encode() for t in (tokens or load_tokens(None))]
+        self.store, self._own_store = _reader_store(coordinator)
+        self.rounds = RoundManager(self.store, coordinator.key)  # reads only: never publishes
+        self.cache_size, self.min_refresh_s = cache_size, min_refresh_s
+        self._cache: OrderedDict[tuple, tuple[int, float, float, dict[str, Any]]] = OrderedDict()
         self._cache_lock = threading.Lock()
-        handler = type("Handler", (_Handler,), {"api": self})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self._compute_lock = threading.Lock()  # one estimate computation at a time
+        handler = type("Handler", (_Handler,), {"api": self, "timeout": request_timeout})
+        self.httpd = _BoundedServer((host, port), handler, max_threads)
         self._thread: threading.Thread | None = None
+
+    @property
+    def token(self) -> str:
+        """The first API token (for the dashboard link a demo prints)."""
+        return self.tokens[0].decode()
 
     @property
     def url(self) -> str:
@@ -53,20 +171,46 @@ class ApiServer:
         self.httpd.server_close()
         if self._thread:
             self._thread.join(5)
+        if self._own_store:
+            self.store.close()
+
+    def authorized(self, header: str | None, query_token: str | None) -> bool:
+        given = None
+        if header and header.startswith("Bearer "):
+            given = header[len("Bearer "):].strip()
+        elif query_token:
+            given = query_token
+        if not given:
+            return False
+        raw = given.encode()
+        return any(hmac.compare_digest(raw, t) for t in self.tokens)
+
+    def _round_count(self, round_id: str) -> int:
+        return sum(self.store.report_counts(round_id).values())
 
     def estimates(self, round_id: str, level: float = 0.95, variance: str = "plugin",
                   consistency: bool = True) -> dict[str, Any]:
-        """Estimates as JSON, cached until the round's number of stored reports changes."""
-        count = sum(v for (rid, _), v in self.coordinator.store.report_counts().items() if rid == round_id)
+        """Estimates as JSON, cached (see the module docstring)."""
+        from coordinator.estimate import estimate_round
+
         key = (round_id, level, variance, consistency)
-        with self._cache_lock:
-            hit = self._cache.get(key)
-            if hit and hit[0] == count:
-                return hit[1]
-        result = {k: v.to_dict() for k, v in
-                  self.coordinator.estimate(round_id, level, variance, consistency).items()}  # type: ignore[arg-type]
-        with self._cache_lock:
-            self._cache[key] = (count, result)
+        count = self._round_count(round_id)
+        with self._compute_lock:
+            with self._cache_lock:
+                hit = self._cache.get(key)
+                if hit is not None:
+                    self._cache.move_to_end(key)
+                    n, at, took, result = hit
+                    if n == count or time.monotonic() - at < max(self.min_refresh_s, 2 * took):
+                        return result
+            t0 = time.monotonic()
+            result = {k: v.to_dict() for k, v in
+                      estimate_round(self.store, round_id, level, variance, consistency).items()}  # type: ignore[arg-type]
+            with self._cache_lock:
+                self._cache[key] = (count, time.monotonic(), time.monotonic() - t0, result)
+                self._cache.move_to_end(key)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
         return result
 
 
@@ -77,22 +221,25 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet by default
         return
 
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
+    def _send(self, status: int, body: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 
-    def _json(self, obj: Any, status: int = 200) -> None:
-        self._send(status, json.dumps(obj, indent=1, allow_nan=False).encode(), "application/json")
+    def _json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(obj, indent=1, allow_nan=False).encode(), "application/json", headers)
 
     def do_GET(self) -> None:  # noqa: N802
         url = urlparse(self.path)
         parts = [p for p in url.path.split("/") if p]
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        coord = self.api.coordinator
+        api = self.api
+        coord = api.coordinator
         try:
             if parts == ["healthz"]:
                 metrics = coord.ingest.metrics if coord.ingest else None
@@ -100,20 +247,27 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json({"status": "ok" if stalled is None else "stalled",
                             "mqtt_connected": metrics.connected if metrics else None, "stalled_since": stalled},
                            status=200 if stalled is None else 503)
+            elif not api.authorized(self.headers.get("Authorization"), query.get("token")):
+                self._json({"error": "authentication required: Authorization: Bearer <token> (the API token file)"},
+                           401, {"WWW-Authenticate": 'Bearer realm="haarvest"'})
             elif parts == ["api", "rounds"]:
-                self._json(coord.rounds.list())
+                self._json(api.rounds.list())
             elif len(parts) == 3 and parts[:2] == ["api", "rounds"]:
-                self._json(json.loads(coord.rounds.get(parts[2]).to_bytes()))
+                self._json(json.loads(api.rounds.get(parts[2]).to_bytes()))
             elif len(parts) == 3 and parts[:2] == ["api", "estimates"]:
                 level = float(query.get("level", 0.95))
                 variance = query.get("variance", "plugin")
                 if variance not in ("plugin", "worst") or not 0 < level < 1:
                     raise ValueError("level must lie in (0, 1) and variance be plugin or worst")
-                self._json(self.api.estimates(parts[2], level, variance, query.get("consistency", "1") != "0"))
+                self._json(api.estimates(parts[2], level, variance, query.get("consistency", "1") != "0"))
+            elif parts == ["api", "devices"]:
+                from coordinator.service import device_rows
+
+                self._json(device_rows(api.store))
             elif parts == ["api", "metrics"]:
-                self._json(coord.metrics_snapshot())
+                self._json(coord.metrics_snapshot(api.store))
             elif parts in ([], ["dashboard"]):
-                self._send(200, render_dashboard(self.api).encode(), "text/html; charset=utf-8")
+                self._send(200, render_dashboard(api).encode(), "text/html; charset=utf-8")
             else:
                 self._json({"error": "not found"}, 404)
         except ValueError as exc:
@@ -260,10 +414,10 @@ def render_report(title: str, history: list[tuple[str, dict[str, dict[str, Any]]
 
 def render_dashboard(api: ApiServer, max_rounds: int = 30) -> str:
     coord = api.coordinator
-    rounds = coord.rounds.list()[-max_rounds:]
+    rounds = api.rounds.list()[-max_rounds:]
     per_round = {r["round_id"]: api.estimates(r["round_id"]) for r in rounds}
     charts = stream_charts(list(per_round.items()))
-    snap = coord.metrics_snapshot()
+    snap = coord.metrics_snapshot(api.store)
     rows = "".join(
         f"<tr><td>{html.escape(r['round_id'])}</td><td>{r['status']}</td><td>{r['epsilon']:g}</td>"
         f"<td>{html.escape(', '.join(r['streams']))}</td><td>{html.escape(', '.join(r['depends_on']))}</td></tr>"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import signal
 import sys
 import threading
@@ -45,10 +46,19 @@ def _options(args: argparse.Namespace, files: tuple[str, ...] = ()) -> "RunOptio
     return opts
 
 
-def _store(args: argparse.Namespace):  # noqa: ANN202
+def _store(args: argparse.Namespace, create: bool = False):  # noqa: ANN202
+    """The store the options name; unless ``create``, a SQLite file that does not exist is an error (exit 2) — a
+    mistyped ``--db`` must not leave an empty database behind."""
     from coordinator.store import open_store
 
-    return open_store(_options(args).db)
+    db = _options(args).db
+    if not create and not db.startswith(("postgresql://", "postgres://")) and db != ":memory:":
+        path = Path(db[len("sqlite:///"):] if db.startswith("sqlite:///") else db)
+        if not path.exists():
+            print(f"haarvest coordinator: no database at {path} (mistyped --db? `coordinator run` or "
+                  "`enroll-device` creates it)", file=sys.stderr)
+            raise SystemExit(2)
+    return open_store(db)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -62,11 +72,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         replay_window=o.replay_window, http_host=o.http_host, http_port=o.http_port,
         devices_file=o.devices, mqtt_username=o.mqtt_username, mqtt_password=o.mqtt_password,
         mqtt_tls_ca=o.mqtt_ca, mqtt_tls_cert=o.mqtt_cert, mqtt_tls_key=o.mqtt_key, mqtt_tls=o.mqtt_tls,
-        mqtt_protocol=o.mqtt_protocol,
+        mqtt_protocol=o.mqtt_protocol, api_tokens_file=o.api_tokens, flood_max_messages=o.flood_max_messages,
+        flood_max_rejections=o.flood_max_rejections, flood_window_s=o.flood_window_s,
+        broker_quarantine=o.broker_quarantine,
     )
-    coord = Coordinator(config)
+    try:
+        coord = Coordinator(config)
+    except ValueError as exc:
+        print(f"haarvest coordinator run: {exc}", file=sys.stderr)
+        return 2
     try:
         coord.start()
+    except ValueError as exc:  # e.g. an API token file without a usable token
+        coord.close()
+        print(f"haarvest coordinator run: {exc}", file=sys.stderr)
+        return 2
     except (TimeoutError, RuntimeError, OSError) as exc:  # no subscription; receiver exited; TLS file or option
         coord.close()
         tls = " with TLS" if o.tls else ""
@@ -76,8 +96,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    print(json.dumps({"status": "ready", "http": coord.http_url, "coordinator_public_key": coord.public_key}),
-          flush=True)
+    print(json.dumps({"status": "ready", "http": coord.http_url, "api_tokens": getattr(coord, "api_tokens_file", None),
+                      "coordinator_public_key": coord.public_key}), flush=True)
     try:
         while not done.wait(1.0):
             pass
@@ -101,59 +121,56 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
-    from coordinator.service import read_device_records
+    from coordinator.service import DeviceRecord, parse_contract, read_device_records
     from protocols import wire
 
-    if args.json:
-        source = json.loads(sys.stdin.read()) if args.json == "-" else args.json
-        records = read_device_records(source)
-    elif args.id and args.pubkey:
-        records = [(args.id, args.pubkey)]
-    else:
-        print("give --id and --pubkey, or --json FILE (what `haarvest agent enroll` prints)", file=sys.stderr)
-        return 2
-    import re
-
-    store = _store(args)
     try:
-        for device_id, pub in records:
-            if not re.match(wire.IDENT, device_id):
-                raise ValueError(f"bad device id {device_id!r}")
-            wire.load_registry_key(pub)
-            store.upsert_device(device_id, pub.strip(), "revoked" if args.revoke else "active")
+        if args.json:
+            source = json.loads(sys.stdin.read()) if args.json == "-" else args.json
+            records = read_device_records(source)
+        elif args.id and args.pubkey:
+            streams = None if args.streams is None else [s for s in args.streams.split(",") if s]
+            records = [DeviceRecord(args.id, args.pubkey, parse_contract(streams))]
+        else:
+            print("give --id and --pubkey, or --json FILE (what `haarvest agent enroll` prints)", file=sys.stderr)
+            return 2
+        for rec in records:
+            if not re.match(wire.IDENT, rec.device_id):
+                raise ValueError(f"bad device id {rec.device_id!r}")
+            wire.load_registry_key(rec.public_key)
+    except (OSError, ValueError) as exc:  # nothing is stored unless every record is good
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    store = _store(args, create=True)
+    try:
+        for rec in records:
+            store.upsert_device(rec.device_id, rec.public_key.strip(), "revoked" if args.revoke else "active",
+                                contract=rec.contract)
     finally:
         store.close()
-    print(json.dumps({"enrolled" if not args.revoke else "revoked": [d for d, _ in records]}))
+    unbound = [r.device_id for r in records if r.contract is None]
+    if unbound and not args.revoke:
+        print(f"warning: {len(unbound)} device(s) enrolled without a stream contract (any stream of a round is "
+              f"accepted from them): {', '.join(unbound[:5])}", file=sys.stderr)
+    print(json.dumps({"enrolled" if not args.revoke else "revoked": [r.device_id for r in records]}))
     return 0
 
 
-def _device_listing(device_id: str, key: str, status: str) -> dict[str, str]:
-    """A registry row for display: HMAC report keys are secrets, so only their fingerprint is shown."""
-    from protocols import wire
-
-    row = {"device_id": device_id, "algorithm": "hmac-sha256" if key.startswith("hmac-sha256:") else "ed25519",
-           "key_id": wire.registry_key_id(key), "status": status}
-    if row["algorithm"] == "ed25519":
-        row["public_key"] = key
-    return row
-
-
 def cmd_devices(args: argparse.Namespace) -> int:
-    from coordinator.validate import PER_DEVICE
+    from coordinator.service import device_rows
 
     store = _store(args)
     try:
-        devices = store.devices()
-        counters = store.counters()
+        for device_id, status in ((args.release, "active"), (args.quarantine, "quarantined")):
+            if device_id:
+                try:
+                    store.set_device_status(device_id, status)
+                except ValueError as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 2
+        rows = device_rows(store)
     finally:
         store.close()
-    rows = []
-    for d, (k, s) in sorted(devices.items()):
-        row = _device_listing(d, k, s)
-        flags = {r: counters[f"{r}.{d}"] for r in PER_DEVICE if counters.get(f"{r}.{d}")}
-        if flags:  # e.g. seq_regression: the device restarted its sequence (a reset or restored ledger)
-            row["flags"] = flags
-        rows.append(row)
     print(json.dumps(rows, indent=1))
     return 0
 
@@ -387,6 +404,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         _option(sp, "replay_window", type=int)
         _option(sp, "http_host")
         _option(sp, "http_port", type=int, metavar="PORT")
+        _option(sp, "api_tokens", metavar="FILE")
+        _option(sp, "flood_max_messages", type=int, metavar="N")
+        _option(sp, "flood_max_rejections", type=int, metavar="N")
+        _option(sp, "flood_window_s", type=float, metavar="S")
         _option(sp, "devices", metavar="FILE")
 
     run = sub.add_parser("run", help="ingest reports over MQTT and serve the HTTP API until SIGTERM")
@@ -402,11 +423,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     en.add_argument("--id")
     en.add_argument("--pubkey")
     en.add_argument("--json", help="file with the JSON `haarvest agent enroll` prints (or a list of them); - = stdin")
+    en.add_argument("--streams", help="with --id: the streams the device may report, comma-separated (its "
+                                      "contract; `agent enroll` prints it)")
     en.add_argument("--revoke", action="store_true", help="mark the device(s) revoked instead")
     en.set_defaults(func=cmd_enroll)
 
-    dv = sub.add_parser("devices", help="list enrolled devices")
+    dv = sub.add_parser("devices", help="list enrolled devices: status, contract, stored and receipted reports, "
+                                        "rejections by reason")
     db(dv)
+    dv.add_argument("--release", metavar="ID", help="end a device's quarantine (the running coordinator lifts "
+                                                    "the broker cut-off within seconds)")
+    dv.add_argument("--quarantine", metavar="ID", help="quarantine a device by hand")
     dv.set_defaults(func=cmd_devices)
 
     rd = sub.add_parser("rounds", help="list, open, close, plan and publish rounds")

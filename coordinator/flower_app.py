@@ -387,8 +387,8 @@ def _deployment_main(grid: Any, context: Any) -> None:
     store = open_store(str(options.get("db") or "haarvest-flower.db"))
     try:
         if options.get("devices-file"):
-            for device_id, pub in read_device_records(str(options["devices-file"])):
-                store.upsert_device(device_id, pub)
+            for rec in read_device_records(str(options["devices-file"])):
+                store.upsert_device(rec.device_id, rec.public_key, contract=rec.contract)
         key = load_or_create_key(options.get("key-file") or None)
         coordinator = FlowerCoordinator(store, key, settings)
         summaries = coordinator.run(grid)

@@ -28,13 +28,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from coordinator.metrics import Metrics
 from coordinator.mqtt_receiver import IngestSettings, new_client
+from coordinator.quarantine import FloodGuard
 from coordinator.store import Store, StoredReport
 from coordinator.validate import DUPLICATE, Validator, per_device_counters
 from protocols import wire
@@ -135,12 +136,17 @@ class IngestWorker:
     """One MQTT ingest worker: a receiver process (the MQTT client) and, here, a reader thread (the receiver's
     messages: batches, status, publish confirmations) and a commit thread (validate, commit, answer ``done``)."""
 
-    def __init__(self, settings: IngestSettings, store: Store, validator: Validator, metrics: Metrics | None = None) -> None:
+    def __init__(self, settings: IngestSettings, store: Store, validator: Validator, metrics: Metrics | None = None,
+                 guard: FloodGuard | None = None,
+                 on_flood: Callable[[list[tuple[str, str]]], None] | None = None) -> None:
         settings.check()
         self.settings = settings
         self.store = store
         self.validator = validator
         self.metrics = metrics or Metrics()
+        #: per-device flood limits; devices over one are handed to ``on_flood`` after their batch committed
+        self.guard = guard
+        self.on_flood = on_flood
         #: the MQTT protocol version in use (4 = 3.1.1, 5), as the receiver reports it
         self.protocol = settings.first_protocol
         self._run: _Run | None = None
@@ -325,6 +331,7 @@ class IngestWorker:
                 duplicates += 1
             else:
                 rejected[result.reason] += 1
+        receipts = receipts_for(results)
         counters = dict(rejected)
         counters.update(per_device_counters(results))
         if duplicates:
@@ -333,4 +340,13 @@ class IngestWorker:
         self.validator.batch_committed()
         self.metrics.record_batch(len(batch), inserted, duplicates + (len(accepted) - inserted), rejected,
                                   time.perf_counter() - t0)
-        return receipts_for(results)
+        if self.guard is not None:
+            flooding = self.guard.observe(results)
+            if flooding and self.on_flood is not None:
+                try:
+                    self.on_flood(flooding)
+                except Exception:  # noqa: BLE001 - the batch is committed; the guard tries again next window
+                    log.exception("could not quarantine %s", [d for d, _ in flooding])
+                    for device, _ in flooding:
+                        self.guard.forget(device)
+        return receipts

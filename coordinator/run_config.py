@@ -38,7 +38,7 @@ __all__ = ["RunOptions", "RunConfigError", "load_options", "read_config_file", "
 DEFAULT_DB = "haarvest-coordinator.db"
 DEFAULT_KEY = "coordinator.key"
 #: keys holding file paths (resolved against the config file's directory)
-PATH_KEYS = ("db", "key", "devices", "mqtt_ca", "mqtt_cert", "mqtt_key", "rounds_cert", "rounds_key")
+PATH_KEYS = ("db", "key", "devices", "mqtt_ca", "mqtt_cert", "mqtt_key", "rounds_cert", "rounds_key", "api_tokens")
 #: files that must exist when given (the round-signing ``key`` and a SQLite ``db`` are created if missing)
 EXISTING_FILE_KEYS = ("devices", "mqtt_ca", "mqtt_cert", "mqtt_key", "rounds_cert", "rounds_key")
 
@@ -67,6 +67,16 @@ class RunOptions(BaseModel):
                                       "was not receipted, late reports are normal)")
     http_host: str = Field("127.0.0.1", min_length=1, description="address of the HTTP API and dashboard")
     http_port: int | None = Field(None, ge=0, le=65535, description="serve the API/dashboard (0: any free port)")
+    api_tokens: str | None = Field(None, description="API bearer tokens, one per line (default: <db>.api-token "
+                                   "beside a SQLite database, created with a random token); every route but "
+                                   "/healthz needs one")
+    flood_max_messages: int = Field(2000, ge=0, description="quarantine a device that sends more messages than this "
+                                    "in one flood window (0: no limit)")
+    flood_max_rejections: int = Field(500, ge=0, description="quarantine a device with more rejected messages than "
+                                      "this in one flood window (duplicates and round_closed not counted; 0: no limit)")
+    flood_window_s: float = Field(60.0, gt=0, description="the flood window, seconds")
+    broker_quarantine: bool = Field(True, description="cut quarantined devices off at the broker (mosquitto's "
+                                    "dynamic-security plugin, deploy/mosquitto/haarvest.conf)")
     devices: str | None = Field(None, description="JSON file of devices to enroll at start")
     mqtt_username: str | None = Field(None, description="MQTT user name (not needed with a client certificate)")
     mqtt_password: str | None = Field(None, description="MQTT password (prefer the config file to the command line)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from coordinator.estimate import StreamEstimate, VarianceBasis, estimate_round
 from coordinator.ingest import IngestSettings, IngestWorker
 from coordinator.metrics import Metrics
+from coordinator.quarantine import BrokerQuarantine, FloodGuard
 from coordinator.rounds import RoundManager
 from protocols.contract import RoundParams
 from coordinator.store import Store, open_store
-from coordinator.validate import Validator
+from coordinator.validate import AUTHENTIC_REJECTIONS, Validator
 from protocols import wire
 
-__all__ = ["CoordinatorConfig", "Coordinator", "load_or_create_key", "read_device_records"]
+__all__ = ["CoordinatorConfig", "Coordinator", "DeviceRecord", "device_rows", "load_or_create_key", "parse_contract",
+           "read_device_records"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,15 @@ class CoordinatorConfig:
     mqtt_tls_cert: str | None = None  # client certificate presented to the broker (CN "coordinator"); with the key
     mqtt_tls_key: str | None = None
     mqtt_tls: bool = False  # TLS with the system's CAs when no mqtt_tls_ca is given
+    #: API bearer tokens, one per line (default: ``<db>.api-token`` beside a SQLite database, created with a random
+    #: token; an ephemeral token for ``:memory:`` and PostgreSQL) — see :mod:`coordinator.api`
+    api_tokens_file: str | None = None
+    #: flood quarantine (coordinator.quarantine): per device and window, at most this many messages / rejections
+    #: (0: no limit); a device over one is quarantined and, with ``broker_quarantine``, cut off at the broker
+    flood_max_messages: int = 2000
+    flood_max_rejections: int = 500
+    flood_window_s: float = 60.0
+    broker_quarantine: bool = True
 
 
 def load_or_create_key(path: str | Path | None) -> Ed25519PrivateKey:
@@ -77,9 +89,31 @@ def load_or_create_key(path: str | Path | None) -> Ed25519PrivateKey:
     return key
 
 
-def read_device_records(source: str | Path | Any) -> list[tuple[str, str]]:
-    """(device_id, public_key) pairs from JSON: one ``{"device_id", "public_key"}`` object (what
-    ``haarvest agent enroll`` prints), a list of them, or ``{"devices": [...]}``. ``source``: path or parsed JSON."""
+@dataclass(frozen=True)
+class DeviceRecord:
+    """One enrolment: what ``haarvest agent enroll`` prints. ``contract``: the streams the device is configured for
+    (name → mechanism, ``auto`` = whichever the round names); None = any stream of a round."""
+
+    device_id: str
+    public_key: str
+    contract: dict[str, str] | None = None
+
+
+def parse_contract(streams: Any) -> dict[str, str] | None:
+    """A contract from an enrolment's ``streams``: ``{name: mechanism}``, a list of names (any mechanism) or None."""
+    if streams is None:
+        return None
+    if isinstance(streams, list):
+        streams = {name: "auto" for name in streams}
+    if not isinstance(streams, dict) or not all(
+            isinstance(k, str) and re.match(wire.IDENT, k) and isinstance(v, str) for k, v in streams.items()):
+        raise ValueError(f"streams must map stream names to mechanism names (or list names): {streams!r}")
+    return dict(streams)
+
+
+def read_device_records(source: str | Path | Any) -> list[DeviceRecord]:
+    """Enrolments from JSON: one ``{"device_id", "public_key"[, "streams"]}`` object (what ``haarvest agent enroll``
+    prints), a list of them, or ``{"devices": [...]}``. ``source``: path or parsed JSON. ValueError if malformed."""
     data = json.loads(Path(source).read_text()) if isinstance(source, (str, Path)) else source
     if isinstance(data, dict) and "devices" in data:
         data = data["devices"]
@@ -91,7 +125,7 @@ def read_device_records(source: str | Path | Any) -> list[tuple[str, str]]:
     for item in data:
         if not isinstance(item, dict) or "device_id" not in item or "public_key" not in item:
             raise ValueError(f"device record needs device_id and public_key: {item!r}")
-        out.append((str(item["device_id"]), str(item["public_key"])))
+        out.append(DeviceRecord(str(item["device_id"]), str(item["public_key"]), parse_contract(item.get("streams"))))
     return out
 
 
@@ -120,7 +154,14 @@ class Coordinator:
                                password=self.config.mqtt_password, tls_ca=self.config.mqtt_tls_ca,
                                tls_cert=self.config.mqtt_tls_cert, tls_key=self.config.mqtt_tls_key,
                                tls=self.config.mqtt_tls, protocol=self.config.mqtt_protocol),
-                self.store, self.validator, self.metrics)
+                self.store, self.validator, self.metrics,
+                guard=FloodGuard(self.config.flood_max_messages, self.config.flood_max_rejections,
+                                 self.config.flood_window_s),
+                on_flood=self._quarantine)
+        self.broker_quarantine: BrokerQuarantine | None = None
+        if self.ingest is not None and self.config.broker_quarantine:
+            self.broker_quarantine = BrokerQuarantine(self.store, lambda t, b: self._publish(t, b, False),
+                                                      on_change=self._devices_changed)
         self.rounds = RoundManager(self.store, self.key, publish=self._publish if self.ingest else None,
                                    on_change=self.validator.set_round)
         self.api: Any = None
@@ -137,10 +178,14 @@ class Coordinator:
             except BaseException:
                 self.ingest.stop(drain=False)
                 raise
+            if self.broker_quarantine is not None:
+                self.broker_quarantine.start()
         if self.config.http_port is not None:
-            from coordinator.api import ApiServer
+            from coordinator.api import ApiServer, default_token_file, load_tokens
 
-            self.api = ApiServer(self, self.config.http_host, self.config.http_port)
+            token_file = self.config.api_tokens_file or default_token_file(self.config.db)
+            self.api = ApiServer(self, self.config.http_host, self.config.http_port, tokens=load_tokens(token_file))
+            self.api_tokens_file = None if token_file is None else str(token_file)
             self.api.start()
         self._running = True
         return self
@@ -149,6 +194,8 @@ class Coordinator:
         if self.api is not None:
             self.api.stop()
             self.api = None
+        if self.broker_quarantine is not None and self._running:
+            self.broker_quarantine.stop()
         if self.ingest is not None and self._running:
             self.ingest.stop()
         self._running = False
@@ -168,6 +215,11 @@ class Coordinator:
         return None if self.api is None else self.api.url
 
     @property
+    def dashboard_url(self) -> str | None:
+        """The dashboard with an API token in its query (what a demo prints and a browser opens)."""
+        return None if self.api is None else f"{self.api.url}/?token={self.api.token}"
+
+    @property
     def public_key(self) -> str:
         """The coordinator's round-signing public key (base64), for provisioning devices."""
         return wire.public_key_b64(self.key)
@@ -177,28 +229,48 @@ class Coordinator:
         self.ingest.publish(topic, payload, retain=retain)
 
     # ------------------------------------------------------------------ devices
-    def enroll(self, device_id: str, public_key: str, status: str = "active") -> None:
-        """Register (or re-key) a device; ValueError for a bad id or key."""
-        import re
-
+    def enroll(self, device_id: str, public_key: str, status: str = "active", *,
+               streams: dict[str, str] | list[str] | None = None) -> None:
+        """Register (or re-key) a device; ``streams``: its contract (see :class:`DeviceRecord`). ValueError for a
+        bad id, key or contract."""
         if not re.match(wire.IDENT, device_id):
             raise ValueError(f"device id {device_id!r} is not a valid identifier")
         wire.load_registry_key(public_key)
-        self.store.upsert_device(device_id, public_key.strip(), status)
+        self.store.upsert_device(device_id, public_key.strip(), status, contract=parse_contract(streams))
         if hasattr(self, "validator"):
             self.validator.refresh_devices()
 
     def import_devices(self, source: str | Path | Any) -> int:
         records = read_device_records(source)
-        for device_id, pub in records:
-            self.enroll(device_id, pub)
+        for rec in records:
+            self.enroll(rec.device_id, rec.public_key, streams=rec.contract)
         return len(records)
 
+    def set_device_status(self, device_id: str, status: str) -> None:
+        """``revoked``, ``quarantined`` or ``active`` (release); the broker follows within the guard's interval."""
+        self.store.set_device_status(device_id, status)
+        self.validator.refresh_devices()
+
     def revoke(self, device_id: str) -> None:
-        devices = self.store.devices()
-        if device_id not in devices:
-            raise ValueError(f"unknown device {device_id!r}")
-        self.enroll(device_id, devices[device_id][0], "revoked")
+        self.set_device_status(device_id, "revoked")
+
+    def _quarantine(self, flooding: list[tuple[str, str]]) -> None:
+        """Quarantine the devices the flood guard reported (ingest's commit thread, after their batch committed)."""
+        for device_id, why in flooding:
+            self.store.set_device_status(device_id, "quarantined")
+            self.store.commit_batch([], {f"quarantined.{device_id}": 1})
+            log.warning("device %s quarantined: %s", device_id, why)
+        self.validator.refresh_devices()
+        if self.broker_quarantine is not None:
+            self.broker_quarantine.poke()
+
+    def _devices_changed(self, released: list[str]) -> None:
+        """A device's status changed in the store (this or another process): re-read the registry; released
+        devices are counted by the flood guard again."""
+        self.validator.refresh_devices()
+        if self.ingest is not None and self.ingest.guard is not None:
+            for device_id in released:
+                self.ingest.guard.forget(device_id)
 
     # ------------------------------------------------------------------ rounds and estimates
     def open_round(self, round_id: str, epsilon: float, params: RoundParams | dict[str, Any], **kw: Any) -> wire.RoundConfig:
@@ -211,9 +283,39 @@ class Coordinator:
                  consistency: bool = True) -> dict[str, StreamEstimate]:
         return estimate_round(self.store, round_id, level, variance, consistency)
 
-    def metrics_snapshot(self) -> dict[str, Any]:
+    def metrics_snapshot(self, store: Store | None = None) -> dict[str, Any]:
+        """This process's ingest counters, the durable totals (read through ``store``, by default the
+        coordinator's; the API passes its own connection) and the validator's view."""
+        store = store or self.store
         snap = self.metrics.snapshot()
-        snap["store"] = self.store.counters()
-        snap["stored_reports"] = sum(self.store.report_counts().values())
+        snap["store"] = {k: v for k, v in store.counters().items() if "." not in k}  # per device: /api/devices
+        snap["stored_reports"] = sum(store.report_counts().values())
+        snap["quarantined_devices"] = sorted(d for d, r in store.device_records().items()
+                                             if r["status"] == "quarantined")
         snap.update(self.validator.known())
         return snap
+
+
+def device_rows(store: Store) -> list[dict[str, Any]]:
+    """Every enrolled device with its status, contract (``streams``: None = any), stored reports, receipted
+    reports (stored, or authentic and rejected for good: the device stops re-sending them), quarantines and
+    rejections by reason — what ``coordinator devices`` prints and ``/api/devices`` serves. HMAC
+    report keys are secrets: only their fingerprint (``key_id``) is shown."""
+    records = store.device_records()
+    counters = store.device_counters()
+    stored = store.reports_by_device()
+    rows = []
+    for d, rec in sorted(records.items()):
+        key = rec["public_key"]
+        row: dict[str, Any] = {"device_id": d, "algorithm": "hmac-sha256" if key.startswith("hmac-sha256:") else "ed25519",
+                               "key_id": wire.registry_key_id(key), "status": rec["status"]}
+        if row["algorithm"] == "ed25519":
+            row["public_key"] = key
+        counts = counters.get(d, {})
+        rejected = {k: v for k, v in sorted(counts.items()) if k != "quarantined"}
+        # receipted: every stored report, and every authentic one rejected for good (it names the device's seq)
+        receipted = stored.get(d, 0) + sum(v for k, v in rejected.items() if k in AUTHENTIC_REJECTIONS)
+        row.update(streams=rec["contract"], stored_reports=stored.get(d, 0), receipted_reports=receipted,
+                   quarantines=counts.get("quarantined", 0), rejected=rejected)
+        rows.append(row)
+    return rows

@@ -24,7 +24,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StoredReport", "Store", "SQLiteStore", "PostgresStore", "open_store", "STORE_ERRORS"]
+__all__ = ["StoredReport", "Store", "SQLiteStore", "PostgresStore", "open_store", "STORE_ERRORS", "DEVICE_STATUSES",
+           "KEEP"]
 
 
 def _store_errors() -> tuple[type[Exception], ...]:
@@ -44,7 +45,7 @@ STORE_ERRORS = _store_errors()
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS devices (
         device_id TEXT PRIMARY KEY, public_key TEXT NOT NULL, status TEXT NOT NULL,
-        enrolled_at DOUBLE PRECISION NOT NULL)""",
+        enrolled_at DOUBLE PRECISION NOT NULL, contract TEXT)""",
     """CREATE TABLE IF NOT EXISTS rounds (
         round_id TEXT PRIMARY KEY, config TEXT NOT NULL, status TEXT NOT NULL,
         opened_at DOUBLE PRECISION NOT NULL, closed_at DOUBLE PRECISION)""",
@@ -58,7 +59,19 @@ SCHEMA = [
 ]
 
 ROUND_STATUSES = ("open", "closed")
-DEVICE_STATUSES = ("active", "revoked")
+#: ``quarantined``: cut off automatically for flooding (:mod:`coordinator.quarantine`); ``active`` again on release
+DEVICE_STATUSES = ("active", "revoked", "quarantined")
+#: ``upsert_device(contract=KEEP)`` leaves a device's contract as it is
+KEEP: Any = object()
+
+
+def contract_text(contract: dict[str, str] | None) -> str | None:
+    """A device contract (stream name → mechanism the device is configured with, ``auto`` = any) as stored."""
+    if contract is None:
+        return None
+    if not isinstance(contract, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in contract.items()):
+        raise ValueError("a device contract maps stream names to mechanism names")
+    return json.dumps(contract, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -94,10 +107,35 @@ class Store(ABC):
 
     # devices
     @abstractmethod
-    def upsert_device(self, device_id: str, public_key: str, status: str = "active") -> None: ...
+    def upsert_device(self, device_id: str, public_key: str, status: str = "active",
+                      contract: dict[str, str] | None = KEEP) -> None:
+        """Enrol or update a device. ``contract``: the streams it may report (name → mechanism, ``auto`` = any
+        the round names); None = any stream of a round; :data:`KEEP` (default) leaves the stored one."""
+
+    @abstractmethod
+    def set_device_status(self, device_id: str, status: str) -> None:
+        """Set an enrolled device's status (ValueError for an unknown device or status)."""
+
     @abstractmethod
     def devices(self) -> dict[str, tuple[str, str]]:
         """device_id → (public key b64, status)."""
+
+    @abstractmethod
+    def device_records(self) -> dict[str, dict[str, Any]]:
+        """device_id → {public_key, status, enrolled_at, contract (dict or None)}."""
+
+    def device_counters(self) -> dict[str, dict[str, int]]:
+        """Per-device counters (``<name>.<device_id>`` in :meth:`counters`): device_id → {name: count}."""
+        out: dict[str, dict[str, int]] = {}
+        for key, value in self.counters().items():
+            name, sep, device = key.partition(".")
+            if sep:
+                out.setdefault(device, {})[name] = value
+        return out
+
+    @abstractmethod
+    def reports_by_device(self) -> dict[str, int]:
+        """device_id → number of stored reports."""
 
     # rounds
     @abstractmethod
@@ -132,8 +170,8 @@ class Store(ABC):
     @abstractmethod
     def report_bodies(self, round_id: str, stream: str) -> list[str]: ...
     @abstractmethod
-    def report_counts(self) -> dict[tuple[str, str], int]:
-        """(round_id, stream) → number of stored reports."""
+    def report_counts(self, round_id: str | None = None) -> dict[tuple[str, str], int]:
+        """(round_id, stream) → number of stored reports (of one round: an index range, not a table scan)."""
 
     @abstractmethod
     def iter_reports(self, round_id: str | None = None) -> Iterator[StoredReport]: ...
@@ -156,7 +194,12 @@ class _SQLStore(Store):
             cur = self._conn.cursor()
             for stmt in SCHEMA:
                 cur.execute(stmt)
+            self._migrate(cur)
             self._conn.commit()
+
+    def _migrate(self, cur: Any) -> None:
+        """Bring a database created by an older version up to :data:`SCHEMA` (the devices' contract column)."""
+        cur.execute("ALTER TABLE devices ADD COLUMN IF NOT EXISTS contract TEXT")
 
     def _q(self, sql: str) -> str:
         return sql.replace("?", self.ph)
@@ -189,18 +232,37 @@ class _SQLStore(Store):
     def _end_read(self) -> None:
         """Finish the implicit read transaction (PostgreSQL would otherwise hold a snapshot)."""
 
-    def upsert_device(self, device_id: str, public_key: str, status: str = "active") -> None:
+    def upsert_device(self, device_id: str, public_key: str, status: str = "active",
+                      contract: dict[str, str] | None = KEEP) -> None:
         if status not in DEVICE_STATUSES:
             raise ValueError(f"device status must be one of {DEVICE_STATUSES}")
+        keep = contract is KEEP
+        text = None if keep else contract_text(contract)
         self._exec(
-            "INSERT INTO devices (device_id, public_key, status, enrolled_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (device_id) DO UPDATE SET public_key = excluded.public_key, status = excluded.status",
-            (device_id, public_key, status, time.time()),
+            "INSERT INTO devices (device_id, public_key, status, enrolled_at, contract) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (device_id) DO UPDATE SET public_key = excluded.public_key, status = excluded.status"
+            + ("" if keep else ", contract = excluded.contract"),
+            (device_id, public_key, status, time.time(), text),
             commit=True,
         )
 
+    def set_device_status(self, device_id: str, status: str) -> None:
+        if status not in DEVICE_STATUSES:
+            raise ValueError(f"device status must be one of {DEVICE_STATUSES}")
+        if not self._exec("SELECT 1 FROM devices WHERE device_id = ?", (device_id,)):
+            raise ValueError(f"unknown device {device_id!r}")
+        self._exec("UPDATE devices SET status = ? WHERE device_id = ?", (status, device_id), commit=True)
+
     def devices(self) -> dict[str, tuple[str, str]]:
         return {r[0]: (r[1], r[2]) for r in self._exec("SELECT device_id, public_key, status FROM devices")}
+
+    def device_records(self) -> dict[str, dict[str, Any]]:
+        rows = self._exec("SELECT device_id, public_key, status, enrolled_at, contract FROM devices")
+        return {d: {"public_key": k, "status": s, "enrolled_at": t, "contract": None if c is None else json.loads(c)}
+                for d, k, s, t, c in rows}
+
+    def reports_by_device(self) -> dict[str, int]:
+        return {d: int(n) for d, n in self._exec("SELECT device_id, COUNT(*) FROM reports GROUP BY device_id")}
 
     def put_round(self, round_id: str, config_json: str, status: str = "open") -> None:
         if status not in ROUND_STATUSES:
@@ -291,8 +353,12 @@ class _SQLStore(Store):
                           (round_id, stream))
         return list(map(itemgetter(0), rows))
 
-    def report_counts(self) -> dict[tuple[str, str], int]:
-        rows = self._exec("SELECT round_id, stream, COUNT(*) FROM reports GROUP BY round_id, stream")
+    def report_counts(self, round_id: str | None = None) -> dict[tuple[str, str], int]:
+        if round_id is None:
+            rows = self._exec("SELECT round_id, stream, COUNT(*) FROM reports GROUP BY round_id, stream")
+        else:
+            rows = self._exec("SELECT round_id, stream, COUNT(*) FROM reports WHERE round_id = ? GROUP BY round_id, "
+                              "stream", (round_id,))
         return {(a, b): int(c) for a, b, c in rows}
 
     def iter_reports(self, round_id: str | None = None) -> Iterator[StoredReport]:
@@ -325,6 +391,11 @@ class SQLiteStore(_SQLStore):
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=30000")
         super().__init__(conn)
+
+    def _migrate(self, cur: Any) -> None:
+        cur.execute("PRAGMA table_info(devices)")
+        if "contract" not in {row[1] for row in cur.fetchall()}:
+            cur.execute("ALTER TABLE devices ADD COLUMN contract TEXT")
 
 
 class PostgresStore(_SQLStore):

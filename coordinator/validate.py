@@ -7,13 +7,21 @@ Order of the checks (cheapest and least trusting first)::
     stream and mechanism match the round → body shape and support → replay / duplicate / second report for the stream
 
 Reason codes (``WireError.reason``): ``too_large``, ``malformed``, ``schema`` (from :mod:`protocols.wire`),
-``wrong_topic``, ``device_mismatch``, ``unknown_device``, ``revoked_device``, ``unsigned``, ``bad_signature``,
-``unknown_round``, ``round_closed``, ``wrong_stream``, ``wrong_mechanism``, ``bad_body`` (not a row of the round's
+``wrong_topic``, ``device_mismatch``, ``unknown_device``, ``revoked_device``, ``quarantined`` (the device was cut
+off for flooding, :mod:`coordinator.quarantine`; checked before its signature, so it costs no verification),
+``unsigned``, ``bad_signature``, ``unknown_round``, ``round_closed``, ``off_contract`` (a stream the device's
+enrolment contract does not list, or a mechanism other than the one it was configured with), ``wrong_stream``,
+``wrong_mechanism``, ``bad_body`` (not a row of the round's
 stream mechanism: wrong structure or shape, or outside the mechanism's support — its output bound, the oracle's
 integer range — checked by :class:`coordinator.decode.StreamDecoder`, built once per round and stream), ``replay``
 (a sequence number at or below the device's high-water mark that is not a copy of a stored report),
 ``already_reported`` (the device already has a report for this round and stream) and ``duplicate`` (an exact
 copy of a stored or pending report: QoS 1 redelivery — acknowledged, never stored or counted twice).
+
+**Every rejection is counted with its device** (``<reason>.<device_id>`` in the store's counters, beside the
+per-reason totals) whenever the message can be charged to an enrolled device: the signer of an authentic report,
+or else the device its topic names. Behind the shipped broker configuration a device may publish only on its own
+topic, so the topic names the certificate that sent it; counting only enrolled ids keeps the counters bounded.
 
 :meth:`Validator.check` *reserves* what it accepts (raises the in-memory high-water mark, remembers the
 pending (device, seq)), so messages of one batch are checked against each other; after the batch is durably
@@ -51,7 +59,7 @@ from protocols.contract import RoundParams, StreamSpec, body_row, parse_round_pa
 from coordinator.store import STORE_ERRORS, Store, StoredReport
 from protocols import wire
 
-__all__ = ["Validator", "REASONS", "DUPLICATE"]
+__all__ = ["Validator", "REASONS", "DUPLICATE", "AUTHENTIC_REJECTIONS", "per_device_counters"]
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +71,21 @@ SEQ_REGRESSION = "seq_regression"
 MAX_COUNTER = 2**63 - 1
 REASONS = (
     "too_large", "malformed", "schema", "wrong_topic", "device_mismatch", "unknown_device", "revoked_device",
-    "unsigned", "bad_signature", "unknown_round", "round_closed", "wrong_stream", "wrong_mechanism", "bad_body",
-    SEQ_REGRESSION, "already_reported", DUPLICATE, "internal_error",
+    "quarantined", "unsigned", "bad_signature", "unknown_round", "round_closed", "off_contract", "wrong_stream",
+    "wrong_mechanism", "bad_body", SEQ_REGRESSION, "already_reported", DUPLICATE, "internal_error",
 )
-#: reasons also counted per device (``<reason>.<device_id>`` in the store's counters): the report was signed by
-#: the device's own key, so the device itself is at fault
-PER_DEVICE = (SEQ_REGRESSION,)
+
+#: rejections of a report whose signature verified: its receipt names the seq, and the device stops re-sending it
+AUTHENTIC_REJECTIONS = ("unknown_round", "round_closed", "off_contract", "wrong_stream", "wrong_mechanism",
+                        "bad_body", SEQ_REGRESSION, "already_reported")
 
 
 def per_device_counters(results: Sequence[Any]) -> dict[str, int]:
-    """``<reason>.<device_id>`` counts of the :data:`PER_DEVICE` rejections among ``check_batch`` results."""
+    """``<reason>.<device_id>`` counts of the rejections among ``check_batch`` results that name a device
+    (duplicates are not rejections: a redelivered copy of a stored report)."""
     out: dict[str, int] = {}
     for r in results:
-        if isinstance(r, wire.WireError) and r.reason in PER_DEVICE and r.device_id:
+        if isinstance(r, wire.WireError) and r.device_id and r.reason != DUPLICATE:
             key = f"{r.reason}.{r.device_id}"
             out[key] = out.get(key, 0) + 1
     return out
@@ -130,7 +140,8 @@ class Validator:
         self.refresh_interval = float(refresh_interval)
         self.negative_ttl = float(negative_ttl)
         self._lock = threading.RLock()
-        self._keys: dict[str, tuple[wire.VerifyKey | None, str, str]] = {}  # id → (key, status, registry text)
+        #: id → (key, status, registry text, contract: stream → mechanism or None for any)
+        self._keys: dict[str, tuple[wire.VerifyKey | None, str, str, dict[str, str] | None]] = {}
         self._rounds: dict[str, _Round] = {}
         self._hwm: dict[str, int] = {}
         #: open round → (device, stream) pairs already reported; a closed round's set is dropped (its reports are
@@ -147,7 +158,7 @@ class Validator:
         """Re-read everything from the store (after a failed commit, or on start). All or nothing: every read
         happens before any state changes, so a store error leaves the validator as it was (and raises)."""
         with self._lock:
-            devices = self.store.devices()
+            devices = self.store.device_records()
             round_rows = self.store.rounds()
             hwm = self.store.high_water_marks()
             rounds = _rounds_from_rows(round_rows)
@@ -162,11 +173,12 @@ class Validator:
 
     def refresh_devices(self) -> None:
         with self._lock:
-            self._apply_devices(self.store.devices())
+            self._apply_devices(self.store.device_records())
 
-    def _apply_devices(self, devices: dict[str, tuple[str, str]]) -> None:
-        keys: dict[str, tuple[wire.VerifyKey | None, str, str]] = {}
-        for device_id, (text, status) in devices.items():
+    def _apply_devices(self, devices: dict[str, dict[str, Any]]) -> None:
+        keys: dict[str, tuple[wire.VerifyKey | None, str, str, dict[str, str] | None]] = {}
+        for device_id, rec in devices.items():
+            text, status = rec["public_key"], rec["status"]
             old = self._keys.get(device_id)
             if old is not None and old[2] == text:
                 key = old[0]
@@ -175,7 +187,7 @@ class Validator:
                     key = wire.load_registry_key(text)  # Ed25519 public key or HMAC report key
                 except ValueError:
                     key = None  # a corrupt registry entry rejects the device's reports, never crashes ingest
-            keys[device_id] = (key, status, text)
+            keys[device_id] = (key, status, text, rec["contract"])
         self._keys = keys
         self._devices_loaded = time.monotonic()
 
@@ -232,6 +244,8 @@ class Validator:
                 try:
                     report, spec, row = self._authenticate(topic, payload, t)
                 except wire.WireError as exc:
+                    if exc.device_id is None:
+                        exc.device_id = self._topic_device(topic)
                     out.append(exc)
                     continue
                 except STORE_ERRORS:  # the store failed (a lookup of a new device or round): retry the batch
@@ -286,7 +300,9 @@ class Validator:
         topic_device = wire.device_id_from_topic(topic)
         if topic_device != report.device_id:
             raise wire.WireError("device_mismatch", f"topic names {topic_device!r}, report {report.device_id!r}")
-        key, status, _ = self._device(report.device_id)
+        key, status, _, contract = self._device(report.device_id)
+        if status == "quarantined":
+            raise wire.WireError("quarantined", report.device_id)
         if status != "active":
             raise wire.WireError("revoked_device", report.device_id)
         if key is None:
@@ -298,13 +314,17 @@ class Validator:
         except (RecursionError, ValueError, TypeError) as exc:  # NaN/inf or unencodable body
             raise wire.WireError("malformed", f"body is not canonical JSON: {type(exc).__name__}") from None
         try:  # authentic from here on: a rejection names the device and seq (per-device counters, receipts)
-            return self._check_contract(report, t)
+            return self._check_contract(report, t, contract)
         except wire.WireError as exc:
             exc.device_id, exc.seq = report.device_id, report.seq
             raise
 
-    def _check_contract(self, report: wire.Report, t: float) -> tuple[wire.Report, StreamSpec, Any]:
-        """The checks of an authentic report against its round (open, stream, mechanism, body structure)."""
+    def _check_contract(self, report: wire.Report, t: float,
+                        contract: dict[str, str] | None = None) -> tuple[wire.Report, StreamSpec, Any]:
+        """The checks of an authentic report against the device's enrolment contract and its round (open,
+        stream, mechanism, body structure)."""
+        if contract is not None and report.stream not in contract:
+            raise wire.WireError("off_contract", f"{report.device_id} is not enrolled for stream {report.stream!r}")
         rnd = self._round(report.round_id)
         if rnd.status != "open":
             raise wire.WireError("round_closed", report.round_id)
@@ -315,6 +335,9 @@ class Validator:
             raise wire.WireError("wrong_stream", f"round {report.round_id} has no stream {report.stream!r}")
         if report.mechanism != spec.wire_mechanism:
             raise wire.WireError("wrong_mechanism", f"{report.mechanism!r} != {spec.wire_mechanism!r}")
+        if contract is not None and contract[report.stream] not in ("auto", spec.wire_mechanism, str(spec.mechanism)):
+            raise wire.WireError("off_contract", f"{report.device_id} is enrolled for {report.stream!r} with "
+                                                 f"{contract[report.stream]!r}, not {spec.wire_mechanism!r}")
         try:
             row = body_row(spec, report.body)
         except ValueError as exc:
@@ -332,7 +355,15 @@ class Validator:
             self._decoders[key] = dec
         return dec
 
-    def _device(self, device_id: str) -> tuple[wire.VerifyKey | None, str, str]:
+    def _topic_device(self, topic: str) -> str | None:
+        """The enrolled device a topic names (a rejection is charged to it), or None."""
+        try:
+            device_id = wire.device_id_from_topic(topic)
+        except wire.WireError:
+            return None
+        return device_id if device_id in self._keys else None
+
+    def _device(self, device_id: str) -> tuple[wire.VerifyKey | None, str, str, dict[str, str] | None]:
         entry = self._keys.get(device_id)
         if entry is None and time.monotonic() - self._devices_loaded >= self.refresh_interval:
             self.refresh_devices()

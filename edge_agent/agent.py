@@ -100,6 +100,7 @@ class Agent:
         self._next_sample: float | None = None
         self._next_interval_report: float | None = None
         self._last_compact = 0.0
+        self._saved_link: tuple[str, float, str] | None = None  # the broker link as last written to the state
         self._sent_later: list[int] = []
         self._mark: dict[str, Any] = {}
 
@@ -151,6 +152,7 @@ class Agent:
         if self.transport is not None:
             self.transport.stop()
             self.step_acks()
+            self._save_link(("stopped", time.time(), "agent closed"))
         close = getattr(self.source, "close", None)
         if callable(close):
             close()
@@ -489,11 +491,18 @@ class Agent:
             cap = tr.capacity()
             if cap > 0:
                 tr.submit(state.pending(after_seq=tr.last_submitted, limit=cap))
+            self._save_link(tr.link)
         if now - self._last_compact > 3600:
             self._last_compact = now
             state.compact(cfg.outbox.keep_sent)
             self._flush_counters()
         self.notifier.watchdog()
+
+    def _save_link(self, link: tuple[str, float, str]) -> None:
+        """Persist the transport's link state when it changes (``agent status`` reads it from the state file)."""
+        if link != self._saved_link and self.state is not None:
+            self.state.save_link(*link)
+            self._saved_link = link
 
     def drain(self, timeout: float) -> bool:
         """Step until the outbox has no pending rows (True) or ``timeout`` seconds pass (False)."""

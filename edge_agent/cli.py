@@ -79,6 +79,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_enroll(args: argparse.Namespace) -> int:
     from .config import ConfigError, create_secrets, load_secrets
+    from .embed import enrolment
 
     try:
         cfg = _load(args)
@@ -100,9 +101,7 @@ def cmd_enroll(args: argparse.Namespace) -> int:
     print(
         json.dumps(
             {
-                "device_id": cfg.device_id,
-                "public_key": secrets.public_key_b64,
-                "algorithm": secrets.algorithm,
+                **enrolment(cfg, secrets),  # id, key, algorithm and the stream contract
                 "created": created,
                 "signing_key_file": str(cfg.signing_key_path),
                 "hmac_secret_file": str(cfg.hmac_secret_path),

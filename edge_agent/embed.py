@@ -68,6 +68,8 @@ def simple_config(
 
 
 def enrolment(cfg: AgentConfig, secrets: Secrets) -> dict[str, Any]:
-    """The registry entry for this device: id, registry key (Ed25519 public key, or the HMAC report key) and
-    algorithm."""
-    return {"device_id": cfg.device_id, "public_key": secrets.public_key_b64, "algorithm": secrets.algorithm}
+    """The registry entry for this device: id, registry key (Ed25519 public key, or the HMAC report key),
+    algorithm, and its contract — the streams it is configured for (name → mechanism, ``auto`` = whichever the round
+    names); the coordinator rejects any other stream from it (``off_contract``)."""
+    return {"device_id": cfg.device_id, "public_key": secrets.public_key_b64, "algorithm": secrets.algorithm,
+            "streams": {st.name: st.mechanism for st in cfg.effective_streams()}}

@@ -419,6 +419,21 @@ class State:
             for k, v in counters.items():
                 self._add(f"count.{k}", int(v))
 
+    def save_link(self, state: str, since: float, reason: str) -> None:
+        """Record the broker link's state (``connected`` / ``disconnected`` / ``connecting`` / ``stopped``), since
+        when, and why — for ``agent status``, which runs in another process."""
+        with self.transaction():
+            self._set("link.state", state)
+            self._set("link.since", float(since))
+            self._set("link.reason", reason)
+
+    def link(self) -> dict[str, Any] | None:
+        """The broker link as last recorded by :meth:`save_link` (None if never)."""
+        state = self._get("link.state")
+        if state is None:
+            return None
+        return {"state": state, "since": float(self._get("link.since", 0.0)), "reason": self._get("link.reason", "")}
+
     def counters(self) -> dict[str, int]:
         rows = self._db.execute("SELECT key, value FROM meta WHERE key LIKE 'count.%' ORDER BY key").fetchall()
         return {k[len("count.") :]: int(v) for k, v in rows}
@@ -744,6 +759,9 @@ class State:
             "spent_by_stream": self.spent_by_stream(),
             "spent_by_unit": self.spent_by_unit(),
             "outbox": self.outbox_totals(),
+            # reports not yet receipted by the coordinator (it has not confirmed storing them): they are re-sent
+            "pending_reports": self.pending_count(),
+            "link": self.link(),
             "memo_entries": int(self._db.execute("SELECT COUNT(*) FROM memo").fetchone()[0]),
             "counters": self.counters(),
             "rounds": dict(self._db.execute("SELECT status, COUNT(*) FROM rounds GROUP BY status").fetchall()),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: (subcommand, module providing ``register``) — modules are imported only if present.
@@ -41,6 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         result = args.func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `haarvest … | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except ValueError as exc:  # bad input the command did not catch itself: one line, nothing changed
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"haarvest {args.command}: error: {first}", file=sys.stderr)
+        return 2
     return int(result or 0)
 
 

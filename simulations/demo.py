@@ -334,7 +334,7 @@ def _wait_round(coord: Any, round_id: str, expected: int, timeout: float, settle
     deadline = time.monotonic() + timeout
     last, last_change = -1, time.monotonic()
     while time.monotonic() < deadline:
-        got = sum(c for (rid, _), c in coord.store.report_counts().items() if rid == round_id)
+        got = sum(coord.store.report_counts(round_id).values())
         if got >= expected:
             return got
         if got != last:
@@ -428,7 +428,7 @@ def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
             http_port=0, batch_ms=10.0))
         fleet = _Fleet(data, broker, coord.public_key, run_dir)
         coord.start()
-        log(f"coordinator: dashboard {coord.http_url}/")
+        log(f"coordinator: dashboard {coord.dashboard_url}")
         for records in fleet.collect("enrol", 120.0):
             coord.import_devices(records)
         n_conn = sum(fleet.collect("ready", 180.0))
@@ -476,7 +476,7 @@ def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
         result.metrics = coord.metrics_snapshot()
         if coord.api is not None:
             try:
-                with urllib.request.urlopen(coord.http_url + "/", timeout=10) as resp:
+                with urllib.request.urlopen(coord.dashboard_url, timeout=10) as resp:
                     dash = resp.read().decode()
                 result.dashboard_path = out / "dashboard.html"
                 result.dashboard_path.write_text(dash)
@@ -485,7 +485,7 @@ def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
         fleet.stop.set()
         done = fleet.collect("done", 120.0)
         if cfg.serve:
-            log(f"\nserving the dashboard at {coord.http_url}/ — Ctrl-C to stop")
+            log(f"\nserving the dashboard at {coord.dashboard_url} — Ctrl-C to stop")
             try:
                 while True:
                     time.sleep(1)

@@ -33,7 +33,10 @@ usage: up.sh [options]
   --agents N            number of edge agents (default 3)
   --tls-port P          broker TLS port for the devices (default 8883)
   --http-port P         coordinator HTTP API and dashboard (default 8080)
-  --bind ADDR           address of the devices' TLS listener and of the dashboard (default 127.0.0.1)
+  --bind ADDR           address of the devices' TLS listener (default 127.0.0.1)
+  --http-bind ADDR      address of the coordinator's API and dashboard (default 127.0.0.1; it needs the token
+                        in coordinator/api-token for everything but /healthz)
+  --dynsec-plugin PATH  mosquitto's dynamic-security plugin (flood quarantine; default: found under /usr/lib)
   --broker-host HOST    name the agents connect to (default: the --bind address, 127.0.0.1 for 0.0.0.0;
                         it is also put in the broker certificate)
   --haarvest PATH       the haarvest command (default: haarvest on PATH, else <repo>/.venv/bin/haarvest)
@@ -48,14 +51,15 @@ die() { echo "up.sh: error: $*" >&2; exit 1; }
 say() { echo "up.sh: $*" >&2; }
 
 WORK=./haarvest-stack N=3 TLS_PORT=8883 HTTP_PORT=8080 BIND=127.0.0.1 BROKER_HOST=''
-HAARVEST='' MOSQUITTO='' EPSILON=1.0 PREPARE_ONLY=0 TIMEOUT=60
+HAARVEST='' MOSQUITTO='' EPSILON=1.0 PREPARE_ONLY=0 TIMEOUT=60 DYNSEC='' HTTP_BIND=127.0.0.1
 while [ $# -gt 0 ]; do
   case "$1" in
-    --work|--agents|--tls-port|--http-port|--bind|--broker-host|--haarvest|--mosquitto|--epsilon|--timeout)
+    --work|--agents|--tls-port|--http-port|--bind|--http-bind|--broker-host|--haarvest|--mosquitto|--epsilon|--timeout|--dynsec-plugin)
       if [ $# -lt 2 ] || [ -z "$2" ]; then usage >&2; echo "up.sh: error: $1 needs a value" >&2; exit 2; fi
       case "$1" in
         --work) WORK=$2 ;; --agents) N=$2 ;; --tls-port) TLS_PORT=$2 ;;
-        --http-port) HTTP_PORT=$2 ;; --bind) BIND=$2 ;; --broker-host) BROKER_HOST=$2 ;;
+        --http-port) HTTP_PORT=$2 ;; --bind) BIND=$2 ;; --http-bind) HTTP_BIND=$2 ;; --broker-host) BROKER_HOST=$2 ;;
+        --dynsec-plugin) DYNSEC=$2 ;;
         --haarvest) HAARVEST=$2 ;; --mosquitto) MOSQUITTO=$2 ;; --epsilon) EPSILON=$2 ;; --timeout) TIMEOUT=$2 ;;
       esac
       shift 2 ;;
@@ -69,9 +73,18 @@ for p in "$TLS_PORT" "$HTTP_PORT"; do
   if ! [[ "$p" =~ ^[0-9]+$ ]] || [ "$p" -lt 1 ] || [ "$p" -gt 65535 ]; then die "port '$p' is not in 1..65535"; fi
 done
 [[ "$BIND" =~ ^[A-Za-z0-9_.:-]+$ ]] || die "--bind '$BIND' is not an address"
+[[ "$HTTP_BIND" =~ ^[A-Za-z0-9_.:-]+$ ]] || die "--http-bind '$HTTP_BIND' is not an address"
+if [ -z "$DYNSEC" ]; then
+  for f in /usr/lib/*/mosquitto_dynamic_security.so /usr/lib/mosquitto_dynamic_security.so; do
+    if [ -f "$f" ]; then DYNSEC=$f; break; fi
+  done
+  [ -n "$DYNSEC" ] || die "mosquitto's dynamic-security plugin not found (apt-get install mosquitto; or --dynsec-plugin PATH)"
+fi
 [[ "$EPSILON" =~ ^[0-9]*\.?[0-9]+$ ]] || die "--epsilon must be a positive number"
-connect_host=$BIND                 # where local clients reach the TLS listener and the dashboard
+connect_host=$BIND                 # where local clients reach the TLS listener
 [ "$BIND" != 0.0.0.0 ] || connect_host=127.0.0.1
+http_connect=$HTTP_BIND            # ... and the dashboard
+[ "$HTTP_BIND" != 0.0.0.0 ] || http_connect=127.0.0.1
 BROKER_HOST=${BROKER_HOST:-$connect_host}
 [[ "$BROKER_HOST" =~ ^[A-Za-z0-9_.:-]+$ ]] || die "--broker-host '$BROKER_HOST' is not a host name or address"
 
@@ -126,6 +139,7 @@ done
   sed -e "s|/etc/haarvest/pki|$PKI|g" \
       -e "s|/etc/mosquitto/haarvest.acl|$BROKER_DIR/haarvest.acl|" \
       -e "s|/var/lib/mosquitto/|$BROKER_DIR/data/|" \
+      -e "s|^plugin /usr/lib/.*mosquitto_dynamic_security.so|plugin $DYNSEC|" \
       -e "s|^listener 8883.*|listener $TLS_PORT $BIND|" \
       "$REPO_DIR/deploy/mosquitto/haarvest.conf"
   cat <<EOF
@@ -140,6 +154,10 @@ log_type notice
 EOF
 } >"$BROKER_DIR/mosquitto.conf"
 cp "$REPO_DIR/deploy/mosquitto/haarvest.acl" "$BROKER_DIR/haarvest.acl"
+mkdir -p "$BROKER_DIR/data"
+# the plugin's state (it records quarantined devices there): start from the shipped one, keep it across restarts
+[ -f "$BROKER_DIR/data/dynamic-security.json" ] ||
+  cp "$REPO_DIR/deploy/mosquitto/dynamic-security.json" "$BROKER_DIR/data/dynamic-security.json"
 
 # --- coordinator: its run config (TLS with its own client certificate) -----------------------------------------
 cat >"$COORD_CONF" <<EOF
@@ -153,9 +171,13 @@ mqtt_cert = "$PKI/clients/coordinator.crt"
 mqtt_key = "$PKI/clients/coordinator.key"
 rounds_cert = "$PKI/clients/coordinator-rounds.crt"
 rounds_key = "$PKI/clients/coordinator-rounds.key"
-http_host = "$BIND"
+http_host = "$HTTP_BIND"
 http_port = $HTTP_PORT
+api_tokens = "$COORD_DIR/api-token"
 EOF
+if [ ! -s "$COORD_DIR/api-token" ]; then
+  (umask 077; head -c 24 /dev/urandom | base64 | tr '+/' '-_' >"$COORD_DIR/api-token")
+fi
 
 # --- agents: config, identity ---------------------------------------------------------------------------------
 for dev in "${DEVICES[@]}"; do
@@ -257,7 +279,8 @@ COORD_CONF='$COORD_CONF'
 MQTT_HOST=$connect_host
 TLS_PORT=$TLS_PORT
 HTTP_PORT=$HTTP_PORT
-HTTP_URL='http://$connect_host:$HTTP_PORT'
+HTTP_URL='http://$http_connect:$HTTP_PORT'
+API_TOKEN_FILE='$COORD_DIR/api-token'
 ROUND_PARAMS='$ROUND_PARAMS'
 ROUND_EPSILON=$ROUND_EPSILON
 AGENTS='${DEVICES[*]}'
@@ -296,7 +319,7 @@ say "mosquitto (pid $MOSQUITTO_PID): TLS with client certificates on $BIND:$TLS_
 COORDINATOR_PID=$!
 write_env
 wait_for coordinator "$COORDINATOR_PID" log_has "$COORD_DIR/coordinator.log" '"status": "ready"'
-say "coordinator (pid $COORDINATOR_PID): dashboard http://$BIND:$HTTP_PORT/"
+say "coordinator (pid $COORDINATOR_PID): dashboard http://$http_connect:$HTTP_PORT/?token=<$COORD_DIR/api-token>"
 
 for dev in "${DEVICES[@]}"; do
   d=$WORK/agents/$dev
@@ -314,6 +337,6 @@ cat >&2 <<EOF
 up.sh: the stack is up. Open a round, read its estimates, stop everything:
   . $WORK/stack.env
   \$HAARVEST coordinator rounds open --config "\$COORD_CONF" --id r1 --epsilon \$ROUND_EPSILON --params @"\$ROUND_PARAMS"
-  \$HAARVEST coordinator estimate r1 --config "\$COORD_CONF"   # or \$HTTP_URL/
+  \$HAARVEST coordinator estimate r1 --config "\$COORD_CONF"   # or \$HTTP_URL/?token=\$(cat \$API_TOKEN_FILE)
   $SCRIPT_DIR/down.sh --work $WORK
 EOF

@@ -19,7 +19,7 @@ from paho.mqtt.properties import Properties
 
 from coordinator import pki
 from protocols.wire import MAX_PAYLOAD as MAX_PAYLOAD_BYTES
-from tests.brokers import free_port, wait_port
+from tests.brokers import free_port, shipped_tls_conf, wait_port
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 IDENTITIES = ("coordinator", "coordinator-rounds", "dev-1", "dev-2")
@@ -39,10 +39,7 @@ class TlsBroker:
         for cn in IDENTITIES:
             pki.issue_certificate(self.ca, cn, self.ca / "clients")
         self.port = free_port()
-        conf = (DEPLOY / "mosquitto" / "haarvest.conf").read_text()
-        conf = (conf.replace("/etc/haarvest/pki", str(self.ca))
-                .replace("/etc/mosquitto/haarvest.acl", str(DEPLOY / "mosquitto" / "haarvest.acl"))
-                .replace("listener 8883", f"listener {self.port} 127.0.0.1"))
+        conf = shipped_tls_conf(tmp_path, self.ca, self.port)
         (tmp_path / "m.conf").write_text(f"user root\npersistence true\npersistence_location {tmp_path}/\n" + conf)
         self.proc: subprocess.Popen | None = None
 
@@ -142,3 +139,58 @@ def test_the_broker_refuses_payloads_above_the_coordinators_cap(broker):
     # the broker drops the oversized report (and disconnects its sender: paho re-sends its in-flight QoS 1
     # messages on reconnect, so the small one may arrive more than once — at-least-once)
     assert got and set(got) == {100}
+
+
+PARAMS = {"streams": {"cpu": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 1.0},
+                              "dims": ["cpu"], "bounds": [[0, 100]]}}}
+
+
+def test_a_flooding_device_is_quarantined_at_the_broker_while_others_are_stored(broker):
+    """A bounded flood (≤ 20,000 junk messages, ≤ 10 s, loopback) from one enrolled device: the coordinator
+    quarantines it — the broker then refuses its publishes (dynamic-security) — and a legitimate device's reports
+    sent during the flood are all stored. Fails without the flood guard (nothing is quarantined)."""
+    from coordinator.service import device_rows
+    from coordinator.service import Coordinator, CoordinatorConfig
+    from coordinator.simfleet import SimDevice
+    from protocols import wire
+    from tests.brokers import wait_until
+
+    flooder, honest = (SimDevice(d, wire.generate_device_key("ed25519")) for d in ("dev-1", "dev-2"))
+    clients = broker.ca / "clients"
+    coord = Coordinator(CoordinatorConfig(
+        db=str(broker.tmp / "c.db"), mqtt_port=broker.port, client_id="coordinator", mqtt_tls_ca=str(broker.ca / "ca.crt"),
+        mqtt_tls_cert=str(clients / "coordinator.crt"), mqtt_tls_key=str(clients / "coordinator.key"),
+        flood_max_messages=2000, flood_max_rejections=500, flood_window_s=60))
+    for dev in (flooder, honest):
+        coord.enroll(dev.device_id, dev.public_key, streams=["cpu"])
+    coord.start()
+    for i in range(5):
+        coord.open_round(f"r{i}", 1.0, PARAMS)
+    flood = broker.client("dev-1", "dev-1")
+    good = broker.client("dev-2", "dev-2")
+    try:
+        sent, t0 = 0, time.monotonic()
+        while sent < 20_000 and time.monotonic() - t0 < 10:
+            if flood.is_connected():
+                flood.publish("haarvest/v1/reports/dev-1", b"{junk", qos=0)
+            sent += 1
+            if sent % 4000 == 0:  # the legitimate device reports in the middle of the flood
+                good.publish(*honest.report(f"r{sent // 4000 - 1}", "cpu", "hybrid", {"report": 0.5}), qos=1)
+        assert wait_until(lambda: coord.store.reports_by_device().get("dev-2") == 5, 30), coord.metrics_snapshot()
+        assert wait_until(lambda: coord.store.device_records()["dev-1"]["status"] == "quarantined", 10)
+        # the broker now refuses dev-1 (it was disconnected and comes back): a QoS 1 publish is not authorized
+        codes: list = []
+        flood.on_publish = lambda c, u, mid, rc, props: codes.append(rc)
+        assert wait_until(lambda: flood.is_connected(), 10)
+        assert wait_until(lambda: (flood.publish("haarvest/v1/reports/dev-1", b"{junk", qos=1) and False)
+                          or any(getattr(rc, "value", 0) == 0x87 for rc in codes), 10, poll=0.5), codes
+        rows = {r["device_id"]: r for r in device_rows(coord.store)}
+        assert rows["dev-1"]["status"] == "quarantined" and rows["dev-1"]["quarantines"] == 1
+        assert rows["dev-1"]["rejected"]["malformed"] >= 500 and rows["dev-2"]["stored_reports"] == 5
+        assert rows["dev-2"]["status"] == "active" and rows["dev-2"]["receipted_reports"] == 5
+        reached = coord.metrics_snapshot()["received"]
+        print(f"flood: {sent} sent in {time.monotonic() - t0:.1f} s, {reached} reached ingest")
+        assert reached < sent  # the broker stopped forwarding dev-1's flood once it was cut off
+    finally:
+        _close(flood, good)
+        coord.close()

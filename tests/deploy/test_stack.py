@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -50,9 +51,11 @@ def _hv(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return res
 
 
-def _get_json(url: str):
-    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback test server
-        return json.loads(resp.read())
+def _get(url: str, token_file: str) -> bytes:
+    token = Path(token_file).read_text().strip()
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback test server
+        return resp.read()
 
 
 def _wait(pred, timeout: float, what: str) -> None:
@@ -65,7 +68,7 @@ def _wait(pred, timeout: float, what: str) -> None:
 
 
 def _diagnostics(work: Path, env: dict[str, str]) -> str:
-    out = [json.dumps(_get_json(env["HTTP_URL"] + "/api/metrics"))]
+    out = [json.dumps(json.loads(_get(env["HTTP_URL"] + "/api/metrics", env["API_TOKEN_FILE"])))]
     for log in sorted(work.rglob("*.log")):
         out.append(f"--- {log.relative_to(work)}\n" + "\n".join(log.read_text().splitlines()[-15:]))
     for conf in sorted(work.glob("agents/*/agent.toml")):
@@ -136,12 +139,12 @@ def test_stack_two_rounds_over_tls(stack):
                 "--epsilon", env["ROUND_EPSILON"], "--params", "@" + env["ROUND_PARAMS"])
         want = (r + 1) * N_AGENTS * len(STREAMS)
         try:
-            _wait(lambda: _get_json(env["HTTP_URL"] + "/api/metrics")["stored_reports"] >= want, 45,
+            _wait(lambda: json.loads(_get(env["HTTP_URL"] + "/api/metrics", env["API_TOKEN_FILE"]))["stored_reports"] >= want, 45,
                   f"{want} stored reports after round {rid}")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_diagnostics(work, env)}") from None
 
-    metrics = _get_json(env["HTTP_URL"] + "/api/metrics")
+    metrics = json.loads(_get(env["HTTP_URL"] + "/api/metrics", env["API_TOKEN_FILE"]))
     assert metrics["accepted"] == metrics["stored_reports"] == 2 * N_AGENTS * len(STREAMS)
     assert metrics["rejected_total"] == 0 and metrics["devices"] == N_AGENTS
     bounds = {"cpu": (0, 100), "mem": (0, 100), "load": (0, 8)}
@@ -152,8 +155,10 @@ def test_stack_two_rounds_over_tls(stack):
             lo, hi = bounds[stream]
             assert e["n"] == N_AGENTS and not e.get("error")
             assert lo <= e["ci_low"][0] <= e["estimate"][0] <= e["ci_high"][0] <= hi
-    with urllib.request.urlopen(env["HTTP_URL"] + "/", timeout=10) as resp:  # noqa: S310
-        page = resp.read().decode()
+    page = _get(env["HTTP_URL"] + "/", env["API_TOKEN_FILE"]).decode()
+    with pytest.raises(urllib.error.HTTPError) as denied:  # the API is locked: no token, no data
+        urllib.request.urlopen(env["HTTP_URL"] + "/api/metrics", timeout=10)  # noqa: S310
+    assert denied.value.code == 401
     assert "r1" in page and "r2" in page and "<svg" in page
 
     # every stored report is one of an agent's acknowledged outbox rows, and vice versa
@@ -213,6 +218,10 @@ def test_prepare_only_matches_shipped_config(tmp_path):
     assert "listener 8883 0.0.0.0" in conf and conf.count("\nlistener ") == 1  # no anonymous listener
     coord = (work / "coordinator" / "coordinator.toml").read_text()
     assert 'mqtt_host = "127.0.0.1"' in coord and "mqtt_port = 8883" in coord and "coordinator.crt" in coord
+    # --bind exposes the broker only: the API stays on loopback (--http-bind), behind a token file of mode 0600
+    assert 'http_host = "127.0.0.1"' in coord and "api-token" in coord
+    assert (work / "coordinator" / "api-token").stat().st_mode & 0o777 == 0o600
+    assert "mosquitto_dynamic_security.so" in conf and (work / "mosquitto" / "data" / "dynamic-security.json").exists()
     assert not any(l.startswith("persistence_location") for l in shipped.splitlines())  # Debian's mosquitto.conf sets it; a second one stops the broker
     assert "persistence true" in conf
     assert (REPO / "deploy" / "mosquitto" / "haarvest.acl").read_text() in (work / "mosquitto" / "haarvest.acl").read_text()

@@ -17,7 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from coordinator import pki
-from tests.brokers import free_port, wait_port
+from tests.brokers import free_port, shipped_tls_conf, wait_port
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -33,13 +33,7 @@ def tls_broker(tmp_path):
     for cn in ("coordinator", "coordinator-rounds", "dev-1", "dev-2"):
         pki.issue_certificate(ca, cn, ca / "clients")
     port = free_port()
-    conf = (DEPLOY / "mosquitto" / "haarvest.conf").read_text()
-    conf = (
-        conf.replace("/etc/haarvest/pki", str(ca))
-        .replace("/etc/mosquitto/haarvest.acl", str(DEPLOY / "mosquitto" / "haarvest.acl"))
-        .replace("/var/lib/mosquitto/", f"{tmp_path}/")
-        .replace("listener 8883", f"listener {port} 127.0.0.1")
-    )
+    conf = shipped_tls_conf(tmp_path, ca, port)
     (tmp_path / "m.conf").write_text("user root\n" + conf)  # tests run as root in 0700 temp dirs
     log = open(tmp_path / "m.log", "wb")
     proc = subprocess.Popen([exe, "-c", str(tmp_path / "m.conf")], stdout=log, stderr=log)

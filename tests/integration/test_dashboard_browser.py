@@ -69,7 +69,7 @@ def test_dashboard_renders_populated_charts_in_headless_chromium(tmp_path):
     coord.start()
     try:
         _fill(coord, np.random.default_rng(5))
-        url = coord.http_url + "/"
+        url = coord.dashboard_url
         dom = _chromium("--dump-dom", url, tmp_path=tmp_path)
         assert dom.returncode == 0, dom.stderr[-2000:]
         html = dom.stdout

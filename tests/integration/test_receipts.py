@@ -143,5 +143,13 @@ def test_a_wrong_broker_port_is_logged_at_warning_level(tmp_path, caplog):
         msg = next(r.getMessage() for r in caplog.records if "cannot connect" in r.getMessage())
         assert f"127.0.0.1:{port}" in msg and "refused" in msg.lower()
         assert agent.transport.link[0] == "disconnected" and "refused" in agent.transport.link[2].lower()
+        agent.report("offline-1")  # charged and pending: `agent status` (another process) shows the link and backlog
+        agent.step()
+        from edge_agent.state import State
+
+        with State(agent.config.database_path) as other:
+            status = other.status()
+        assert status["link"]["state"] == "disconnected" and "refused" in status["link"]["reason"].lower()
+        assert status["link"]["since"] > 0 and status["pending_reports"] == 1
     finally:
         agent.close(drain_timeout=0)

@@ -62,6 +62,7 @@ def test_enroll_check_run_status_ledger(tmp_path, capsys):
     assert main(["agent", "enroll", "--config", str(cfg)]) == 0
     enrol = json.loads(capsys.readouterr().out)
     assert enrol["device_id"] == "pi-cli" and enrol["created"] and len(enrol["public_key"]) == 44
+    assert enrol["streams"] == {"cpu": "auto", "mode": "auto"}  # its contract: the coordinator accepts only these
     assert (tmp_path / "state" / "device.key").stat().st_mode & 0o777 == 0o600
     assert main(["agent", "enroll", "--config", str(cfg)]) == 0  # idempotent: same identity
     again = json.loads(capsys.readouterr().out)

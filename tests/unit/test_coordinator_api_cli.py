@@ -31,8 +31,9 @@ def _fill(coord: Coordinator, fleet: SimFleet, round_id: str, rng: np.random.Gen
     coord.validator.batch_committed()
 
 
-def _get(url: str):  # noqa: ANN202
-    with urllib.request.urlopen(url, timeout=10) as resp:
+def _get(url: str, token: str | None = None):  # noqa: ANN202
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
         return resp.status, resp.headers["Content-Type"], resp.read()
 
 
@@ -45,24 +46,26 @@ def test_api_and_dashboard(tmp_path):
         for rid in ("r1", "r2"):
             coord.open_round(rid, 2.0, PARAMS)
             _fill(coord, fleet, rid, rng)
-        base = coord.http_url
-        assert json.loads(_get(base + "/healthz")[2])["status"] == "ok"
-        rounds = json.loads(_get(base + "/api/rounds")[2])
+        base, token = coord.http_url, coord.api.token
+        assert json.loads(_get(base + "/healthz")[2])["status"] == "ok"  # the probe needs no token
+        rounds = json.loads(_get(base + "/api/rounds", token)[2])
         assert [r["round_id"] for r in rounds] == ["r1", "r2"] and rounds[0]["streams"] == ["app", "cpu"]
-        assert json.loads(_get(base + "/api/rounds/r2")[2])["sig"]
-        est = json.loads(_get(base + "/api/estimates/r1?level=0.9&variance=worst")[2])
+        assert json.loads(_get(base + "/api/rounds/r2", token)[2])["sig"]
+        est = json.loads(_get(base + "/api/estimates/r1?level=0.9&variance=worst", token)[2])
         assert est["cpu"]["n"] == 60 and est["cpu"]["variance_basis"] == "worst" and est["cpu"]["level"] == 0.9
         assert len(est["app"]["estimate"]) == 4
-        metrics = json.loads(_get(base + "/api/metrics")[2])
+        metrics = json.loads(_get(base + "/api/metrics", token)[2])
         assert metrics["stored_reports"] == 240 and metrics["store"]["accepted"] == 240
-        status, ctype, page = _get(base + "/")
+        devices = json.loads(_get(base + "/api/devices", token)[2])
+        assert len(devices) == 60 and all(d["stored_reports"] == 4 for d in devices)
+        status, ctype, page = _get(coord.dashboard_url)
         text = page.decode()
         assert status == 200 and ctype.startswith("text/html")
         assert text.count("<svg") == 2 and 'class="band"' in text and 'class="ci"' in text
         assert "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # no external assets
         for bad in ("/api/estimates/nope", "/nothing", "/api/estimates/r1?level=2"):
             with pytest.raises(urllib.error.HTTPError) as err:
-                _get(base + bad)
+                _get(base + bad, token)
             assert err.value.code in (400, 404)
 
 
@@ -71,9 +74,10 @@ def test_cli_hmac_devices_are_listed_without_their_key(tmp_path, capsys):
     dev = SimFleet(1, signature="hmac-sha256").enrollment()[0]
     assert cli.main(["coordinator", "enroll-device", "--db", db, "--id", dev["device_id"],
                      "--pubkey", dev["public_key"]]) == 0
-    with pytest.raises(ValueError):
-        cli.main(["coordinator", "enroll-device", "--db", db, "--id", "dev-x", "--pubkey", "hmac-sha256:c2hvcnQ="])
     capsys.readouterr()
+    assert cli.main(["coordinator", "enroll-device", "--db", db, "--id", "dev-x",
+                     "--pubkey", "hmac-sha256:c2hvcnQ="]) == 2  # one line on stderr, nothing stored
+    assert capsys.readouterr().err.strip().count("\n") == 0
     cli.main(["coordinator", "devices", "--db", db])
     out = capsys.readouterr().out
     assert dev["public_key"].split(":", 1)[1] not in out
@@ -90,8 +94,7 @@ def test_cli_enroll_rounds_estimate_export(tmp_path, capsys):
     assert cli.main(["coordinator", "enroll-device", "--db", db, "--id", first["device_id"],
                      "--pubkey", first["public_key"]]) == 0
     assert cli.main(["coordinator", "enroll-device", "--db", db, "--json", str(devices)]) == 0
-    with pytest.raises(ValueError):
-        cli.main(["coordinator", "enroll-device", "--db", db, "--id", "dev-x", "--pubkey", "not-a-key"])
+    assert cli.main(["coordinator", "enroll-device", "--db", db, "--id", "dev-x", "--pubkey", "not-a-key"]) == 2
     assert cli.main(["coordinator", "rounds", "open", "--db", db, "--key", key, "--id", "r1", "--epsilon", "2",
                      "--params", json.dumps(PARAMS), "--no-publish"]) == 0
     capsys.readouterr()
@@ -130,3 +133,48 @@ def test_cli_run_with_an_unusable_ca_file_exits_1_with_a_hint(tmp_path, capsys):
     assert rc == 1
     err = capsys.readouterr().err
     assert "haarvest coordinator run:" in err and "is it running" in err
+
+
+def test_api_without_credentials_is_refused_and_limits_hold(tmp_path):
+    """Issue 15: every route but /healthz needs a token from the token file (default <db>.api-token, mode 0600);
+    at most max_threads requests at once (503 beyond), an idle client is dropped, the estimates cache is bounded."""
+    import socket
+    import time
+
+    db = tmp_path / "a.db"
+    coord = Coordinator(CoordinatorConfig(db=str(db), mqtt=False, http_port=0))
+    with coord:
+        token_file = db.with_suffix(".api-token")
+        assert token_file.stat().st_mode & 0o777 == 0o600 and coord.api.token in token_file.read_text()
+        base = coord.http_url
+        assert _get(base + "/healthz")[0] == 200
+        for path in ("/", "/api/rounds", "/api/metrics", "/api/devices", "/api/estimates/r1"):
+            for token in (None, "x" * 32, coord.api.token[:-1]):
+                with pytest.raises(urllib.error.HTTPError) as err:
+                    _get(base + path, token)
+                assert err.value.code == 401, path
+        assert _get(base + "/api/rounds?token=" + coord.api.token)[0] == 200  # a browser's dashboard link
+        assert _get(base + "/api/rounds", coord.api.token)[0] == 200
+        # slow clients: each holds a thread until request_timeout; beyond max_threads the server answers 503 at once
+        host, port = coord.api.httpd.server_address[:2]
+        idle = [socket.create_connection((host, port)) for _ in range(8)]
+        time.sleep(0.3)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            _get(base + "/healthz")
+        assert err.value.code == 503
+        for s in idle:
+            s.close()
+        time.sleep(0.3)
+        assert _get(base + "/healthz")[0] == 200
+        api = coord.api
+        api.cache_size = 3
+        for i in range(6):
+            coord.open_round(f"q{i}", 2.0, PARAMS)
+            api.estimates(f"q{i}")
+        assert len(api._cache) == 3
+    bad = tmp_path / "tokens"
+    bad.write_text("short\n")
+    coord = Coordinator(CoordinatorConfig(db=str(tmp_path / "b.db"), mqtt=False, http_port=0, api_tokens_file=str(bad)))
+    with pytest.raises(ValueError, match="at least 16"):
+        coord.start()
+    coord.close()

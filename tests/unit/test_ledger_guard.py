@@ -177,4 +177,4 @@ def test_coordinator_flags_and_counts_a_devices_sequence_regression(tmp_path, ca
     store.close()
     assert main(["coordinator", "devices", "--db", str(tmp_path / "c.db")]) == 0
     listing = json.loads(capsys.readouterr().out)
-    assert listing[0]["flags"] == {"seq_regression": 1}
+    assert listing[0]["rejected"] == {"seq_regression": 1}
