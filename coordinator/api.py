@@ -11,6 +11,8 @@ Routes (GET):
 * ``/api/devices`` — every enrolled device: status (``quarantined`` included), contract, stored reports, receipts
   and rejections by reason;
 * ``/api/metrics`` — ingest counters of this process and the durable totals;
+* ``/metrics`` — the same, per-device rejections, round progress and the latest estimates with their intervals,
+  in the Prometheus text format (:mod:`coordinator.prometheus`);
 * ``/`` — the dashboard: per stream and dimension, the estimate over rounds with its confidence band, and the
   latest round's frequencies with interval whiskers, as inline SVG rendered on the server.
 
@@ -264,6 +266,10 @@ class _Handler(BaseHTTPRequestHandler):
                 from coordinator.service import device_rows
 
                 self._json(device_rows(api.store))
+            elif parts == ["metrics"]:
+                from coordinator import prometheus
+
+                self._send(200, prometheus.render(api), prometheus.CONTENT_TYPE_LATEST)
             elif parts == ["api", "metrics"]:
                 self._json(coord.metrics_snapshot(api.store))
             elif parts in ([], ["dashboard"]):

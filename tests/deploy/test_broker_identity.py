@@ -148,7 +148,8 @@ PARAMS = {"streams": {"cpu": {"kind": "numeric", "mechanism": "hybrid", "params"
 def test_a_flooding_device_is_quarantined_at_the_broker_while_others_are_stored(broker):
     """A bounded flood (≤ 20,000 junk messages, ≤ 10 s, loopback) from one enrolled device: the coordinator
     quarantines it — the broker then refuses its publishes (dynamic-security) — and a legitimate device's reports
-    sent during the flood are all stored. Fails without the flood guard (nothing is quarantined)."""
+    sent during the flood are all stored, and its report on a stream outside its contract is rejected as
+    ``off_contract``. Fails without the flood guard (nothing is quarantined) or the contract."""
     from coordinator.service import device_rows
     from coordinator.service import Coordinator, CoordinatorConfig
     from coordinator.simfleet import SimDevice
@@ -176,6 +177,8 @@ def test_a_flooding_device_is_quarantined_at_the_broker_while_others_are_stored(
             sent += 1
             if sent % 4000 == 0:  # the legitimate device reports in the middle of the flood
                 good.publish(*honest.report(f"r{sent // 4000 - 1}", "cpu", "hybrid", {"report": 0.5}), qos=1)
+        # off-contract: dev-2 was enrolled for "cpu" only; a "temp" report is rejected with its own reason
+        good.publish(*honest.report("r0", "temp", "hybrid", {"report": 0.5}), qos=1)
         assert wait_until(lambda: coord.store.reports_by_device().get("dev-2") == 5, 30), coord.metrics_snapshot()
         assert wait_until(lambda: coord.store.device_records()["dev-1"]["status"] == "quarantined", 10)
         # the broker now refuses dev-1 (it was disconnected and comes back): a QoS 1 publish is not authorized
@@ -187,7 +190,10 @@ def test_a_flooding_device_is_quarantined_at_the_broker_while_others_are_stored(
         rows = {r["device_id"]: r for r in device_rows(coord.store)}
         assert rows["dev-1"]["status"] == "quarantined" and rows["dev-1"]["quarantines"] == 1
         assert rows["dev-1"]["rejected"]["malformed"] >= 500 and rows["dev-2"]["stored_reports"] == 5
-        assert rows["dev-2"]["status"] == "active" and rows["dev-2"]["receipted_reports"] == 5
+        assert wait_until(lambda: coord.store.device_counters().get("dev-2", {}).get("off_contract") == 1, 10)
+        rows = {r["device_id"]: r for r in device_rows(coord.store)}
+        assert rows["dev-2"]["status"] == "active" and rows["dev-2"]["rejected"] == {"off_contract": 1}
+        assert rows["dev-2"]["receipted_reports"] == 6  # 5 stored + 1 rejected for good: none is re-sent
         reached = coord.metrics_snapshot()["received"]
         print(f"flood: {sent} sent in {time.monotonic() - t0:.1f} s, {reached} reached ingest")
         assert reached < sent  # the broker stopped forwarding dev-1's flood once it was cut off

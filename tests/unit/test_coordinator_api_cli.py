@@ -178,3 +178,60 @@ def test_api_without_credentials_is_refused_and_limits_hold(tmp_path):
     with pytest.raises(ValueError, match="at least 16"):
         coord.start()
     coord.close()
+
+
+def test_prometheus_metrics_parse_with_the_librarys_own_parser(tmp_path):
+    """Issue 16 item 5: /metrics in the Prometheus text format (prometheus-client's parser reads it back): ingest
+    counters, per-device rejections, round progress, the latest estimates with their interval bounds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rng = np.random.default_rng(7)
+    fleet = SimFleet(40)
+    coord = Coordinator(CoordinatorConfig(db=str(tmp_path / "m.db"), mqtt=False, http_port=0))
+    with coord:
+        coord.import_devices(fleet.enrollment())
+        coord.open_round("r1", 2.0, PARAMS)
+        _fill(coord, fleet, "r1", rng)
+        coord.store.commit_batch([], {f"bad_body.{fleet.devices[0].device_id}": 3})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            _get(coord.http_url + "/metrics")
+        assert err.value.code == 401
+        status, ctype, body = _get(coord.http_url + "/metrics", coord.api.token)
+        assert status == 200 and ctype.startswith("text/plain")
+        fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+        samples = {f: [(s.labels, s.value) for s in fams[f].samples] for f in fams}
+        assert ({"round": "r1", "stream": "cpu"}, 40.0) in samples["haarvest_round_reports"]
+        assert ({"device": fleet.devices[0].device_id, "reason": "bad_body"}, 3.0) in \
+            [(lab, v) for lab, v in samples["haarvest_device_rejected"]]
+        est = {lab["label"]: v for lab, v in samples["haarvest_estimate"] if lab["stream"] == "app"}
+        lo = {lab["label"]: v for lab, v in samples["haarvest_estimate_ci_low"] if lab["stream"] == "app"}
+        hi = {lab["label"]: v for lab, v in samples["haarvest_estimate_ci_high"] if lab["stream"] == "app"}
+        assert len(est) == 4 and all(lo[k] <= est[k] <= hi[k] for k in est)
+        assert ({"status": "active"}, 40.0) in samples["haarvest_devices"]
+
+
+def test_grafana_dashboard_queries_only_exposed_metrics(tmp_path):
+    """deploy/grafana/haarvest-dashboard.json: valid JSON whose every haarvest_* series is one /metrics exposes
+    (read from a live endpoint with a filled round and a quarantined device)."""
+    import re
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    root = Path(__file__).resolve().parents[2]
+    dash = json.loads((root / "deploy" / "grafana" / "haarvest-dashboard.json").read_text())
+    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"haarvest_[a-z_]+", t["expr"])}
+    fleet = SimFleet(10)
+    coord = Coordinator(CoordinatorConfig(db=str(tmp_path / "g.db"), mqtt=False, http_port=0))
+    with coord:
+        coord.import_devices(fleet.enrollment())
+        coord.open_round("r1", 2.0, PARAMS)
+        _fill(coord, fleet, "r1", np.random.default_rng(1))
+        coord.store.commit_batch([], {f"bad_body.{fleet.devices[0].device_id}": 1})
+        coord._quarantine([(fleet.devices[1].device_id, "test")])
+        from collections import Counter
+
+        coord.metrics.record_batch(1, 0, 0, Counter({"malformed": 1}), 0.0)  # what ingest records
+        body = _get(coord.http_url + "/metrics", coord.api.token)[2].decode()
+    exposed = {s.name for f in text_string_to_metric_families(body) for s in f.samples}
+    assert used and used <= exposed, used - exposed
