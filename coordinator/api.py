@@ -33,11 +33,12 @@ about a third of the process's time on estimates however many clients poll it.
 from __future__ import annotations
 
 import hmac
-import logging
 import html
+import logging
 import json
 import os
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -118,8 +119,6 @@ class _BoundedServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-answer is not an error worth a traceback; anything else is logged."""
-        import sys
-
         if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
             return
         log.exception("API request from %s failed", client_address)
@@ -190,6 +189,17 @@ class ApiServer:
     def _round_count(self, round_id: str) -> int:
         return sum(self.store.report_counts(round_id).values())
 
+    def _cached(self, key: tuple, count: int) -> dict[str, Any] | None:
+        """The cached estimates for ``key`` if still good: same number of stored reports, or younger than
+        max(min_refresh_s, 2 × the time they took)."""
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is None:
+                return None
+            self._cache.move_to_end(key)
+            n, at, took, result = hit
+            return result if n == count or time.monotonic() - at < max(self.min_refresh_s, 2 * took) else None
+
     def estimates(self, round_id: str, level: float = 0.95, variance: str = "plugin",
                   consistency: bool = True) -> dict[str, Any]:
         """Estimates as JSON, cached (see the module docstring)."""
@@ -197,14 +207,13 @@ class ApiServer:
 
         key = (round_id, level, variance, consistency)
         count = self._round_count(round_id)
+        fresh = self._cached(key, count)
+        if fresh is not None:  # a hit never waits behind another round's computation
+            return fresh
         with self._compute_lock:
-            with self._cache_lock:
-                hit = self._cache.get(key)
-                if hit is not None:
-                    self._cache.move_to_end(key)
-                    n, at, took, result = hit
-                    if n == count or time.monotonic() - at < max(self.min_refresh_s, 2 * took):
-                        return result
+            fresh = self._cached(key, count)  # computed meanwhile by the request we waited for
+            if fresh is not None:
+                return fresh
             t0 = time.monotonic()
             result = {k: v.to_dict() for k, v in
                       estimate_round(self.store, round_id, level, variance, consistency).items()}  # type: ignore[arg-type]

@@ -51,17 +51,14 @@ class FleetCollector(Collector):
                                 value=1.0 if snap["connected"] else 0.0)
 
         store = api.store
-        records = store.device_records()
-        statuses: dict[str, int] = {}
         quarantined = GaugeMetricFamily("haarvest_device_quarantined", "1 for each quarantined device",
                                         labels=["device"])
-        for device, rec in sorted(records.items()):
-            statuses[rec["status"]] = statuses.get(rec["status"], 0) + 1
-            if rec["status"] == "quarantined":
+        for device, status in sorted(store.device_statuses().items()):
+            if status == "quarantined":
                 quarantined.add_metric([device], 1.0)
         yield quarantined
         devices = GaugeMetricFamily("haarvest_devices", "enrolled devices by status", labels=["status"])
-        for status, n in sorted(statuses.items()):
+        for status, n in sorted(store.device_status_counts().items()):
             devices.add_metric([status], n)
         yield devices
         per_device = CounterMetricFamily("haarvest_device_rejected", "durable rejection counts per device and reason",

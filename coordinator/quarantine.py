@@ -148,8 +148,8 @@ class BrokerQuarantine:
 
     def sync(self) -> tuple[list[str], list[str]]:
         """Tell the broker what changed since the last sync; returns (cut off, released)."""
-        records = self.store.device_records()
-        quarantined = {d for d, r in records.items() if r["status"] == "quarantined"}
+        statuses = self.store.device_statuses()  # the devices that are not active: small, whatever the fleet
+        quarantined = {d for d, status in statuses.items() if status == "quarantined"}
         if self._cut is None:  # first sync of this run: release whatever was ever quarantined and is not now
             ever = {d for d, c in self.store.device_counters().items() if c.get("quarantined")}
             cut, release = sorted(quarantined), sorted(ever - quarantined)
@@ -161,7 +161,6 @@ class BrokerQuarantine:
                 log.warning("device %s is cut off at the broker (quarantined)", device)
             for device in release:
                 log.warning("device %s is released from quarantine", device)
-        statuses = {d: r["status"] for d, r in records.items()}
         if statuses != self._statuses and self.on_change is not None:
             self.on_change(release)
         self._statuses = statuses

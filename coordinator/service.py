@@ -290,8 +290,8 @@ class Coordinator:
         snap = self.metrics.snapshot()
         snap["store"] = {k: v for k, v in store.counters().items() if "." not in k}  # per device: /api/devices
         snap["stored_reports"] = sum(store.report_counts().values())
-        snap["quarantined_devices"] = sorted(d for d, r in store.device_records().items()
-                                             if r["status"] == "quarantined")
+        snap["quarantined_devices"] = sorted(d for d, status in store.device_statuses().items()
+                                             if status == "quarantined")
         snap.update(self.validator.known())
         return snap
 

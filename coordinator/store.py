@@ -124,6 +124,15 @@ class Store(ABC):
     def device_records(self) -> dict[str, dict[str, Any]]:
         """device_id → {public_key, status, enrolled_at, contract (dict or None)}."""
 
+    @abstractmethod
+    def device_statuses(self) -> dict[str, str]:
+        """device_id → status of every device that is not ``active`` (revoked, quarantined): a small read however
+        large the fleet, for what polls it (the broker quarantine sync, metrics)."""
+
+    @abstractmethod
+    def device_status_counts(self) -> dict[str, int]:
+        """status → number of enrolled devices."""
+
     def device_counters(self) -> dict[str, dict[str, int]]:
         """Per-device counters (``<name>.<device_id>`` in :meth:`counters`): device_id → {name: count}."""
         out: dict[str, dict[str, int]] = {}
@@ -260,6 +269,12 @@ class _SQLStore(Store):
         rows = self._exec("SELECT device_id, public_key, status, enrolled_at, contract FROM devices")
         return {d: {"public_key": k, "status": s, "enrolled_at": t, "contract": None if c is None else json.loads(c)}
                 for d, k, s, t, c in rows}
+
+    def device_statuses(self) -> dict[str, str]:
+        return dict(self._exec("SELECT device_id, status FROM devices WHERE status <> 'active'"))
+
+    def device_status_counts(self) -> dict[str, int]:
+        return {s: int(n) for s, n in self._exec("SELECT status, COUNT(*) FROM devices GROUP BY status")}
 
     def reports_by_device(self) -> dict[str, int]:
         return {d: int(n) for d, n in self._exec("SELECT device_id, COUNT(*) FROM reports GROUP BY device_id")}
