@@ -434,7 +434,11 @@ def _check_invariants(sysm: System, timeline: list[str]) -> None:
             inv = st.check_invariants()
             assert inv["ok"], (dev, inv)
             box = st.outbox_totals()
-            assert set(box) <= {"sent", "compacted"}, (dev, box)  # nothing pending, nothing rejected
+            if not set(box) <= {"sent", "compacted"}:  # nothing pending, nothing rejected: say why if so
+                log = path.parents[1] / "agent.log"
+                why = [line for line in (log.read_text().splitlines() if log.exists() else [])
+                       if "rejected" in line][-5:]
+                raise AssertionError((dev, box, dict(_rows(db, "SELECT name, value FROM counters")), why, timeline))
             assert st.spent() <= CAPS["total_cap"] + 1e-9
             assert all(v <= CAPS["stream_cap"] + 1e-9 for v in st.spent_by_stream().values())
         sent |= {(dev, s) for (s,) in _rows(path, "SELECT seq FROM outbox WHERE status = 'sent'")}
