@@ -1,39 +1,66 @@
-# haarvest — every target bootstraps its own virtual environment on a fresh machine.
+# haarvest — every target bootstraps its own virtual environment on a fresh machine, with only what it needs:
+# `make demo` the core package (numpy, scipy, pydantic, cryptography, paho-mqtt, prometheus-client), `make test`
+# the test extras too (pytest, Flower with Ray, matplotlib for the evaluation's plots, the PostgreSQL driver).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,eval,flower-sim
-STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(EXTRAS)") | cksum | cut -d" " -f1)
-
-.PHONY: demo test audit bench eval venv clean
-
-$(STAMP): pyproject.toml
+# The embedded broker (amqtt, used only when mosquitto is not installed) lives in an environment of its own: its
+# pins (typer ≥ 0.21) conflict with Flower's (typer < 0.21), so it never enters $(VENV).
+BROKER_VENV ?= .venv-broker
+TEST_EXTRAS ?= dev,eval,flower-sim
+BENCH_EXTRAS ?= dev,eval,bench,flower-sim
+# One stamp per (pyproject.toml, extras) pair: a target re-installs only when its own set changed.
+stamp = $(VENV)/.installed-$(shell (cat pyproject.toml; echo "$(1)") | cksum | cut -d" " -f1)
+define install
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
-	rm -f $(VENV)/.installed-* && touch $@
+	$(BIN)/python -m pip install -q -e ".$(if $(1),[$(1)])"
+	touch $@
+endef
+CORE := $(call stamp,)
+TESTENV := $(call stamp,$(TEST_EXTRAS))
+BENCHENV := $(call stamp,$(BENCH_EXTRAS))
 
-venv: $(STAMP)
+.PHONY: demo test audit bench eval venv broker-venv pi-rehearsal clean
 
-# The demo uses Debian's mosquitto when installed, else the embedded amqtt broker (the `broker` extra, installed on
-# demand: amqtt pins a typer release that Flower's CLI cannot use, so it is kept out of the default environment).
-demo: $(STAMP)
-	command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || $(BIN)/python -m pip install -q -e ".[broker]"
+$(CORE): pyproject.toml
+	$(call install,)
+$(TESTENV): pyproject.toml
+	$(call install,$(TEST_EXTRAS))
+ifneq ($(BENCHENV),$(TESTENV))
+$(BENCHENV): pyproject.toml
+	$(call install,$(BENCH_EXTRAS))
+endif
+
+venv: $(TESTENV)
+
+$(BROKER_VENV)/.installed:
+	test -x $(BROKER_VENV)/bin/python || $(PY) -m venv $(BROKER_VENV)
+	$(BROKER_VENV)/bin/python -m pip install -q "amqtt>=0.11"
+	touch $@
+
+broker-venv: $(BROKER_VENV)/.installed
+
+# The demo uses Debian's mosquitto when installed, else the embedded amqtt broker from $(BROKER_VENV).
+demo: $(CORE)
+	command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || $(MAKE) --no-print-directory broker-venv
 	$(BIN)/haarvest demo $(DEMO_ARGS)
 
-test: $(STAMP)
+test: $(TESTENV)
 	$(BIN)/python -m pytest -m "not slow"
 
-audit: $(STAMP)
+audit: $(TESTENV)
 	HAARVEST_AUDIT_TRIALS=1000000 $(BIN)/python -m pytest -q tests/audit -m "slow or not slow"
 
-bench:
-	$(MAKE) EXTRAS=dev,eval,bench,flower-sim venv
+bench: $(BENCHENV)
 	$(BIN)/python -m simulations.bench $(BENCH_ARGS)
 
-eval:
-	$(MAKE) EXTRAS=dev,eval,bench,flower-sim venv
+eval: $(BENCHENV)
 	$(BIN)/haarvest simulate eval $(EVAL_ARGS)
 
+# A Raspberry Pi rehearsal under qemu user-mode emulation (docs/pi-rehearsal.md; needs root, ≈ 7 min).
+pi-rehearsal: $(CORE)
+	bash deploy/pi/rehearsal.sh
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(BROKER_VENV) build *.egg-info .pytest_cache

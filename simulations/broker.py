@@ -4,8 +4,11 @@
     ... broker.host, broker.port, broker.protocol ("5" or "3.1.1") ...
     broker.stop()
 
-mosquitto runs with an empty, anonymous, loopback-only configuration written to ``workdir``; amqtt (the
-``broker`` extra, ``pip install 'haarvest[broker]'``) runs in a child Python process. Both are stopped (SIGTERM,
+mosquitto runs with an empty, anonymous, loopback-only configuration written to ``workdir``; amqtt runs in a child
+Python process: the interpreter named by ``HAARVEST_AMQTT_PYTHON``, else this one if it can import amqtt, else the
+separate environment ``make broker-venv`` creates (``.venv-broker``: amqtt's pins conflict with Flower's, so
+``make demo`` never installs it beside haarvest). Both children die with their parent (``PR_SET_PDEATHSIG`` on
+Linux), so a demo killed by any signal leaves no broker behind. Both are stopped (SIGTERM,
 then SIGKILL) by :meth:`Broker.stop`. amqtt speaks MQTT 3.1.1 only, so clients of an amqtt broker must use 3.1.1
 (the coordinator's ``mqtt_protocol="3.1.1"``; the agents' ``protocol = "auto"`` falls back by itself, ``"3.1.1"``
 skips the two failed MQTT 5 attempts).
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Broker", "BrokerUnavailable", "start_broker", "free_port", "wait_port", "mosquitto_path"]
+__all__ = ["Broker", "BrokerUnavailable", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python"]
 
 Kind = Literal["auto", "mosquitto", "amqtt"]
 
@@ -60,6 +63,32 @@ def mosquitto_path() -> str | None:
     if exe:
         return exe
     return "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+
+
+#: The environment ``make broker-venv`` creates for amqtt (relative to the repository).
+BROKER_VENV = Path(__file__).resolve().parents[1] / ".venv-broker"
+
+
+def amqtt_python() -> str | None:
+    """An interpreter that can run amqtt: ``HAARVEST_AMQTT_PYTHON``, this one, or ``.venv-broker``'s; else None."""
+    env = os.environ.get("HAARVEST_AMQTT_PYTHON")
+    if env:
+        return env
+    if importlib.util.find_spec("amqtt") is not None:
+        return sys.executable
+    exe = BROKER_VENV / "bin" / "python"
+    return str(exe) if exe.exists() else None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the parent dies (no orphaned broker)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: stop() still terminates it
+        pass
 
 
 @dataclass
@@ -111,7 +140,8 @@ def _start_mosquitto(exe: str, workdir: Path, host: str, port: int) -> Broker:
     conf.write_text("\n".join(lines) + "\n")
     log_path = workdir / "mosquitto.log"
     log = open(log_path, "ab")
-    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                            preexec_fn=_die_with_parent)
     broker = Broker("mosquitto", host, port, "5", proc, workdir, log_path, log)
     try:
         wait_port(port, host=host, proc=proc)
@@ -129,7 +159,7 @@ _AMQTT_MAIN = (
 )
 
 
-def _start_amqtt(workdir: Path, host: str, port: int) -> Broker:
+def _start_amqtt(python: str, workdir: Path, host: str, port: int) -> Broker:
     conf = workdir / "amqtt.yaml"
     conf.write_text(
         "listeners:\n"
@@ -143,8 +173,8 @@ def _start_amqtt(workdir: Path, host: str, port: int) -> Broker:
     )
     log_path = workdir / "amqtt.log"
     log = open(log_path, "ab")
-    proc = subprocess.Popen([sys.executable, "-c", _AMQTT_MAIN, str(conf)], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([python, "-c", _AMQTT_MAIN, str(conf)], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     broker = Broker("amqtt", host, port, "3.1.1", proc, workdir, log_path, log)
     try:
         wait_port(port, timeout=20.0, host=host, proc=proc)
@@ -157,8 +187,8 @@ def _start_amqtt(workdir: Path, host: str, port: int) -> Broker:
 def start_broker(workdir: str | Path, kind: Kind = "auto", host: str = "127.0.0.1", port: int | None = None) -> Broker:
     """Start a broker listening on ``host:port`` (a free port by default) with its files in ``workdir``.
 
-    ``kind="auto"``: mosquitto if its executable exists, else amqtt if importable; :class:`BrokerUnavailable`
-    (with what to install) when neither is.
+    ``kind="auto"``: mosquitto if its executable exists, else amqtt if an interpreter can run it
+    (:func:`amqtt_python`); :class:`BrokerUnavailable` (with what to install) when neither is.
     """
     if kind not in ("auto", "mosquitto", "amqtt"):
         raise ValueError(f"kind must be auto, mosquitto or amqtt, got {kind!r}")
@@ -170,9 +200,10 @@ def start_broker(workdir: str | Path, kind: Kind = "auto", host: str = "127.0.0.
         return _start_mosquitto(exe, workdir, host, port)
     if kind == "mosquitto":
         raise BrokerUnavailable("mosquitto is not installed (apt-get install mosquitto)")
-    if importlib.util.find_spec("amqtt") is None:
+    python = amqtt_python()
+    if python is None:
         raise BrokerUnavailable(
             "no MQTT broker available: install mosquitto (apt-get install mosquitto) "
-            "or the embedded broker (pip install 'haarvest[broker]')"
+            "or the embedded broker in its own environment (make broker-venv)"
         )
-    return _start_amqtt(workdir, host, port)
+    return _start_amqtt(python, workdir, host, port)

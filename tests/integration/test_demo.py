@@ -4,7 +4,6 @@ written. Needs the Adult files (data/adult, shipped) and a broker (mosquitto or 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 
 from haarvest.cli import main
-from simulations.broker import mosquitto_path
+from simulations.broker import amqtt_python, mosquitto_path
 from simulations.demo import QUICK, load_adult_rows
 
 pytestmark = pytest.mark.integration
@@ -27,7 +26,7 @@ def _adult_available() -> bool:
 
 
 @pytest.mark.skipif(not _adult_available(), reason="Adult data (data/adult) not available")
-@pytest.mark.skipif(mosquitto_path() is None and importlib.util.find_spec("amqtt") is None,
+@pytest.mark.skipif(mosquitto_path() is None and amqtt_python() is None,
                     reason="no MQTT broker (mosquitto or amqtt) installed")
 def test_quick_demo_runs_end_to_end_under_a_minute(tmp_path, capsys):
     t0 = time.monotonic()

@@ -4,7 +4,6 @@ path (amqtt) with both sides on ``protocol = "auto"``."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 
@@ -18,6 +17,7 @@ from edge_agent import Agent, run_fleet
 from edge_agent.embed import categorical, enrolment, new_identity, numeric, simple_config
 from edge_agent.sources import CallableSource
 from edge_agent.state import State
+from simulations.broker import amqtt_python
 from tests.brokers import mosquitto, wait_until  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
@@ -138,7 +138,7 @@ def test_two_rounds_over_mosquitto_second_planned_from_the_first(tmp_path, mosqu
             st.close()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("amqtt") is None, reason="amqtt (the 'broker' extra) is not installed")
+@pytest.mark.skipif(amqtt_python() is None, reason="amqtt is not installed (make broker-venv)")
 def test_mqtt_311_only_broker_with_auto_fallback_on_both_sides(tmp_path):
     from simulations.broker import start_broker
 
