@@ -36,6 +36,7 @@ import hmac
 import html
 import logging
 import json
+import math
 import os
 import secrets
 import sys
@@ -56,7 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 __all__ = ["ApiServer", "load_tokens", "default_token_file", "render_dashboard", "render_report", "stream_charts",
-           "svg_band_chart", "svg_bar_chart"]
+           "svg_band_chart", "svg_bar_chart", "nice_ticks"]
 
 
 def default_token_file(db: str) -> Path | None:
@@ -291,84 +292,151 @@ class _Handler(BaseHTTPRequestHandler):
 
 # ---------------------------------------------------------------------- SVG rendering
 
-W, H, PAD = 560, 220, 44
+W, H, PAD = 560, 240, 56
+TOP, BOTTOM = 30, 40  # plot area: y from TOP to H - BOTTOM, x from PAD to W - 12
+_FONT = 'font-family="sans-serif"'
 
 
-def _scale(values: list[float]) -> tuple[float, float]:
-    lo, hi = min(values), max(values)
+def nice_ticks(lo: float, hi: float, count: int = 5) -> tuple[list[float], int]:
+    """Round axis ticks covering [lo, hi]: multiples of 1, 2, 2.5 or 5 × 10^k, about ``count`` of them; and the
+    number of decimals that prints them exactly (0.4, 0.45 — not 0.402)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        lo, hi = 0.0, 1.0
     if hi - lo < 1e-12:
-        lo, hi = lo - 1, hi + 1
-    margin = 0.05 * (hi - lo)
-    return lo - margin, hi + margin
+        pad = abs(lo) * 0.1 or 1.0
+        lo, hi = lo - pad, hi + pad
+    raw = (hi - lo) / max(count - 1, 1)
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= raw * (1 - 1e-9))
+    first = math.floor(lo / step + 1e-9) * step
+    ticks = [first + i * step for i in range(int(math.ceil((hi - first) / step - 1e-9)) + 1)]
+    decimals = max(0, -int(math.floor(math.log10(step) + 1e-9)))
+    if abs(round(step * 10 ** decimals) - step * 10 ** decimals) > 1e-6:  # 2.5 × 10^k needs one more
+        decimals += 1
+    return [round(t, decimals + 2) for t in ticks], decimals
 
 
-def _axes(title: str, ymin: float, ymax: float) -> list[str]:
+def _axes(title: str, ticks: list[float], decimals: int, ylabel: str, percent: bool = False) -> list[str]:
+    """The frame: title, y ticks with grid lines, the y-axis label."""
+    ymin, ymax = ticks[0], ticks[-1]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">',
            f"<title>{html.escape(title)}</title>",
-           f'<text x="{PAD}" y="16" font-size="13" font-family="sans-serif">{html.escape(title)}</text>',
-           f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - 10}" y2="{H - PAD}" stroke="#555"/>',
-           f'<line x1="{PAD}" y1="28" x2="{PAD}" y2="{H - PAD}" stroke="#555"/>']
-    for frac in (0.0, 0.5, 1.0):
-        v = ymin + frac * (ymax - ymin)
-        y = (H - PAD) - frac * (H - PAD - 28)
-        out.append(f'<text x="{PAD - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end" '
-                   f'font-family="sans-serif">{v:.3g}</text>')
+           f'<text x="{PAD}" y="16" font-size="13" {_FONT}>{html.escape(title)}</text>']
+    for t in ticks:
+        y = (H - BOTTOM) - (t - ymin) / (ymax - ymin) * (H - BOTTOM - TOP)
+        label = f"{100 * t:.{max(decimals - 2, 0)}f}%" if percent else f"{t:,.{decimals}f}"
+        out.append(f'<line class="grid" x1="{PAD}" y1="{y:.1f}" x2="{W - 12}" y2="{y:.1f}" stroke="#e3e3e3"/>')
+        out.append(f'<text class="tick" x="{PAD - 5}" y="{y + 4:.1f}" font-size="10" text-anchor="end" {_FONT}>'
+                   f"{label}</text>")
+    out.append(f'<line x1="{PAD}" y1="{H - BOTTOM}" x2="{W - 12}" y2="{H - BOTTOM}" stroke="#555"/>')
+    out.append(f'<line x1="{PAD}" y1="{TOP}" x2="{PAD}" y2="{H - BOTTOM}" stroke="#555"/>')
+    mid = (TOP + H - BOTTOM) / 2
+    out.append(f'<text class="ylabel" x="12" y="{mid:.1f}" font-size="10" text-anchor="middle" {_FONT} '
+               f'transform="rotate(-90 12 {mid:.1f})">{html.escape(ylabel)}</text>')
     return out
 
 
+def _legend(items: list[tuple[str, str]]) -> list[str]:
+    """A one-line legend under the plot: ``(svg snippet drawn in a 16×10 box at the origin, text)``."""
+    out, x = [f'<g class="legend" transform="translate(0,{H - 12})">'], float(PAD)
+    for mark, text in items:
+        out.append(f'<g transform="translate({x:.1f},-8)">{mark}</g>')
+        out.append(f'<text x="{x + 20:.1f}" y="0" font-size="10" {_FONT}>{html.escape(text)}</text>')
+        x += 28 + 5.6 * len(text)
+    out.append("</g>")
+    return out
+
+
+_EST_MARK = '<line x1="0" y1="5" x2="16" y2="5" stroke="#08519c" stroke-width="2"/><circle cx="8" cy="5" r="3" fill="#08519c"/>'
+_BAND_MARK = ('<rect x="0" y="0" width="16" height="10" fill="#9ecae1" fill-opacity="0.55"/>'
+              '<line x1="8" y1="0" x2="8" y2="10" stroke="#08306b"/>')
+_TRUTH_LINE = '<line x1="0" y1="5" x2="16" y2="5" stroke="#d62728" stroke-width="1.5" stroke-dasharray="5,3"/>'
+_BAR_MARK = '<rect x="2" y="0" width="12" height="10" fill="#6baed6"/>'
+_WHISKER = '<line x1="8" y1="0" x2="8" y2="10" stroke="#08306b"/><line x1="5" y1="0" x2="11" y2="0" stroke="#08306b"/>'
+_TRUTH_TICK = '<line x1="0" y1="5" x2="16" y2="5" stroke="#d62728" stroke-width="2"/>'
+
+
 def svg_band_chart(title: str, xlabels: list[str], est: list[float], lo: list[float], hi: list[float],
-                   truth: list[float | None] | None = None) -> str:
-    """Estimate over rounds (line + points) with the confidence band (shaded polygon); optionally the true values
-    (dashed line, class ``truth``) for simulations and demos."""
+                   truth: list[float | None] | None = None, *, ylabel: str = "value", level: float = 0.95) -> str:
+    """Estimate over rounds (line + points) with its confidence interval at every point (a whisker, and a shaded
+    band between points); optionally the true values (dashed line, class ``truth``) for simulations and demos.
+    Round y ticks, the y-axis label ``ylabel`` (the quantity and its unit) and a legend."""
     known = [t for t in (truth or []) if t is not None]
-    ymin, ymax = _scale(list(lo) + list(hi) + list(est) + known)
+    ticks, decimals = nice_ticks(min(list(lo) + list(est) + known), max(list(hi) + list(est) + known))
+    ymin, ymax = ticks[0], ticks[-1]
     n = len(est)
-    xs = [PAD + 10 + (i * (W - PAD - 30) / max(n - 1, 1)) for i in range(n)]
+    width = W - PAD - 40
+    xs = [PAD + 20 + (i * width / (n - 1) if n > 1 else width / 2) for i in range(n)]
 
     def y(v: float) -> float:
-        return (H - PAD) - (v - ymin) / (ymax - ymin) * (H - PAD - 28)
+        return (H - BOTTOM) - (v - ymin) / (ymax - ymin) * (H - BOTTOM - TOP)
 
-    out = _axes(title, ymin, ymax)
-    band = [f"{x:.1f},{y(v):.1f}" for x, v in zip(xs, hi)] + [f"{x:.1f},{y(v):.1f}" for x, v in zip(xs[::-1], lo[::-1])]
-    out.append(f'<polygon class="band" points="{" ".join(band)}" fill="#9ecae1" fill-opacity="0.55" stroke="none"/>')
+    out = _axes(title, ticks, decimals, ylabel)
+    if n > 1:
+        band = ([f"{x:.1f},{y(v):.1f}" for x, v in zip(xs, hi)]
+                + [f"{x:.1f},{y(v):.1f}" for x, v in zip(xs[::-1], lo[::-1])])
+        out.append(f'<polygon class="band" points="{" ".join(band)}" fill="#9ecae1" fill-opacity="0.55" '
+                   'stroke="none"/>')
+    for x, a, b in zip(xs, lo, hi):
+        out.append(f'<line class="ci" x1="{x:.1f}" y1="{y(a):.1f}" x2="{x:.1f}" y2="{y(b):.1f}" stroke="#08306b"/>')
+        for v in (a, b):
+            out.append(f'<line class="ci-cap" x1="{x - 4:.1f}" y1="{y(v):.1f}" x2="{x + 4:.1f}" y2="{y(v):.1f}" '
+                       'stroke="#08306b"/>')
     out.append(f'<polyline class="est-line" points="{" ".join(f"{x:.1f},{y(v):.1f}" for x, v in zip(xs, est))}" '
                'fill="none" stroke="#08519c" stroke-width="2"/>')
     if truth is not None:
         pts = [f"{x:.1f},{y(t):.1f}" for x, t in zip(xs, truth) if t is not None]
-        out.append(f'<polyline class="truth" points="{" ".join(pts)}" fill="none" stroke="#d62728" '
-                   'stroke-width="1.5" stroke-dasharray="5,3"/>')
+        if len(pts) == 1:  # a single round: a short dashed tick at the point
+            x0, y0 = pts[0].split(",")
+            out.append(f'<line class="truth" x1="{float(x0) - 14:.1f}" y1="{y0}" x2="{float(x0) + 14:.1f}" y2="{y0}" '
+                       'stroke="#d62728" stroke-width="1.5" stroke-dasharray="5,3"/>')
+        else:
+            out.append(f'<polyline class="truth" points="{" ".join(pts)}" fill="none" stroke="#d62728" '
+                       'stroke-width="1.5" stroke-dasharray="5,3"/>')
     for x, v, label in zip(xs, est, xlabels):
         out.append(f'<circle class="est" cx="{x:.1f}" cy="{y(v):.1f}" r="3" fill="#08519c"/>')
-        out.append(f'<text x="{x:.1f}" y="{H - PAD + 14}" font-size="10" text-anchor="middle" '
-                   f'font-family="sans-serif">{html.escape(label)}</text>')
+        out.append(f'<text x="{x:.1f}" y="{H - BOTTOM + 13}" font-size="10" text-anchor="middle" '
+                   f'{_FONT}>{html.escape(label)}</text>')
+    legend = [(_EST_MARK, "estimate"), (_BAND_MARK, f"{int(round(100 * level))}% interval")]
+    if truth is not None:
+        legend.append((_TRUTH_LINE, "true value"))
+    out += _legend(legend)
     out.append("</svg>")
     return "\n".join(out)
 
 
 def svg_bar_chart(title: str, labels: list[str], est: list[float], lo: list[float], hi: list[float],
-                  truth: list[float] | None = None) -> str:
-    """Frequencies as bars with confidence-interval whiskers; optionally true frequencies (red ticks, ``truth``)."""
-    ymin, ymax = _scale([0.0] + list(lo) + list(hi) + list(est) + list(truth or []))
+                  truth: list[float] | None = None, *, level: float = 0.95) -> str:
+    """Frequencies (share of devices, in %) as bars with confidence-interval whiskers; optionally the true
+    frequencies (red ticks, class ``truth``). Round y ticks, an axis label and a legend."""
+    ticks, decimals = nice_ticks(min([0.0] + list(lo) + list(est) + list(truth or [])),
+                                 max([0.0] + list(hi) + list(est) + list(truth or [])))
+    ymin, ymax = ticks[0], ticks[-1]
     n = len(est)
     slot = (W - PAD - 20) / max(n, 1)
 
     def y(v: float) -> float:
-        return (H - PAD) - (v - ymin) / (ymax - ymin) * (H - PAD - 28)
+        return (H - BOTTOM) - (v - ymin) / (ymax - ymin) * (H - BOTTOM - TOP)
 
-    out = _axes(title, ymin, ymax)
+    out = _axes(title, ticks, decimals, "share of devices", percent=True)
     for i, (label, e, a, b) in enumerate(zip(labels, est, lo, hi)):
         x = PAD + 10 + i * slot
         top, base = y(max(e, 0.0)), y(0.0)
         out.append(f'<rect class="bar" x="{x:.1f}" y="{min(top, base):.1f}" width="{slot * 0.7:.1f}" '
-                   f'height="{abs(base - top):.1f}" fill="#6baed6"/>')
+                   f'height="{abs(base - top):.1f}" fill="#6baed6"><title>{html.escape(label)}: '
+                   f"{100 * e:.1f}% [{100 * a:.1f}%, {100 * b:.1f}%]</title></rect>")
         cx = x + slot * 0.35
         out.append(f'<line class="ci" x1="{cx:.1f}" y1="{y(a):.1f}" x2="{cx:.1f}" y2="{y(b):.1f}" stroke="#08306b"/>')
         if truth is not None and i < len(truth):
             out.append(f'<line class="truth" x1="{x:.1f}" y1="{y(truth[i]):.1f}" x2="{x + slot * 0.7:.1f}" '
                        f'y2="{y(truth[i]):.1f}" stroke="#d62728" stroke-width="2"/>')
         if n <= 40:
-            out.append(f'<text x="{cx:.1f}" y="{H - PAD + 14}" font-size="9" text-anchor="middle" '
-                       f'font-family="sans-serif">{html.escape(label[:10])}</text>')
+            out.append(f'<text x="{cx:.1f}" y="{H - BOTTOM + 13}" font-size="9" text-anchor="middle" '
+                       f'{_FONT}>{html.escape(label[:12])}</text>')
+    legend = [(_BAR_MARK, "estimate"), (_WHISKER, f"{int(round(100 * level))}% interval")]
+    if truth is not None:
+        legend.append((_TRUTH_TICK, "true share"))
+    out += _legend(legend)
     out.append("</svg>")
     return "\n".join(out)
 
@@ -391,17 +459,21 @@ def stream_charts(history: list[tuple[str, dict[str, dict[str, Any]]]],
                 t = truth.get(rid, {}).get(stream)
                 charts.append(svg_bar_chart(f"{stream} — {rid} (n={e['n']}, {e['mechanism']})", e["labels"],
                                             e["estimate"], e["ci_low"], e["ci_high"],
-                                            t if t is not None and len(t) == len(e["estimate"]) else None))
+                                            t if t is not None and len(t) == len(e["estimate"]) else None,
+                                            level=float(e.get("level", 0.95))))
             continue
         for j, dim in enumerate(series[-1][1]["labels"]):
             pts = [(rid, e) for rid, e in series if len(e["estimate"]) > j]
             tr = [truth.get(rid, {}).get(stream) for rid, _ in pts]
             tv = [t[j] if t is not None and len(t) > j else None for t in tr]
+            units = series[-1][1].get("units") or []
+            unit = units[j] if j < len(units) and units[j] else ""
             charts.append(svg_band_chart(
-                f"{stream}.{dim} — mean with {int(100 * pts[-1][1]['level'])}% band",
+                f"{stream}.{dim} — fleet mean per round (n={pts[-1][1]['n']}, {pts[-1][1]['mechanism']})",
                 [rid for rid, _ in pts], [e["estimate"][j] for _, e in pts],
                 [e["ci_low"][j] for _, e in pts], [e["ci_high"][j] for _, e in pts],
-                tv if any(v is not None for v in tv) else None))
+                tv if any(v is not None for v in tv) else None,
+                ylabel=f"mean {dim}" + (f" ({unit})" if unit else ""), level=float(pts[-1][1].get("level", 0.95))))
     return charts
 
 
@@ -415,14 +487,11 @@ def render_report(title: str, history: list[tuple[str, dict[str, dict[str, Any]]
     """A static HTML page (no refresh, no external assets) with ``body_html`` and the charts of
     :func:`stream_charts` (every round's frequencies, true values overlaid) — the demo's report."""
     charts = stream_charts(history, truth, every_round=True)
-    legend = ('<p>Blue: estimate with its confidence band / whiskers. '
-              '<span style="color:#d62728">Red: true value</span>.</p>') if truth else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{_STYLE}</style></head><body>
 <h1>{html.escape(title)}</h1>
 {body_html}
-{legend}
 <div class="charts">{''.join(charts) if charts else '<p>No estimates.</p>'}</div>
 </body></html>"""
 

@@ -67,6 +67,7 @@ class StreamEstimate:
     mechanism: str
     n: int
     labels: list[str] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)  # numeric streams: each dimension's unit ('' when unnamed)
     estimate: list[float] = field(default_factory=list)
     ci_low: list[float] = field(default_factory=list)
     ci_high: list[float] = field(default_factory=list)
@@ -206,6 +207,7 @@ def estimate_stream(spec: StreamSpec, rows: list[Any] | np.ndarray | DecodedRepo
         if consistency:
             est, c_lo, c_hi = (np.clip(a, lo, hi) for a in (est, c_lo, c_hi))
         out.labels = list(spec.dims)
+        out.units = list(spec.units or [])
         out.stderr = (scale * np.sqrt(var / n)).tolist()
     else:
         mech = decoder.mechanism
@@ -247,12 +249,28 @@ def _normalised_means(spec: StreamSpec, mech: Any, reports: np.ndarray,
 
 
 def _frequency_labels(spec: StreamSpec, k: int) -> list[str]:
+    """Item names: the stream's labels; for a heavy-hitter round, each candidate prefix as bits, or — when the
+    stream names its categories — the category it has narrowed down to, or the first of the categories it still
+    covers and how many (``"United-States +15"``)."""
     if spec.labels is not None and len(spec.labels) == k:
         return list(spec.labels)
     hh = spec.heavy_hitters
     if hh is not None and hh.k == k:
         width = hh.prefix_bits + hh.step_bits
-        return [("other" if p is None else format(p, f"0{width}b")) for p in map(hh.item_prefix, range(k))]
+        names = spec.labels
+        out = []
+        for p in map(hh.item_prefix, range(k)):
+            if p is None:
+                out.append("other")
+                continue
+            if names is None:
+                out.append(format(p, f"0{width}b"))
+                continue
+            shift = hh.bits - width
+            covered = names[p << shift: (p + 1) << shift]
+            out.append(f"(none: {p:0{width}b})" if not covered else covered[0] if len(covered) == 1
+                       else f"{covered[0]} +{len(covered) - 1}")
+        return out
     return [str(i) for i in range(k)]
 
 

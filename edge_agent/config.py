@@ -131,6 +131,8 @@ class DimensionConfig(_Model):
     k: int | None = Field(None, ge=2, le=1 << 24)
     categories: list[str] | None = None
     source: str | None = Field(None, min_length=1, description="field of the source reading (default: name)")
+    units: str | None = Field(None, min_length=1, max_length=32,
+                              description="unit of measurement shown beside estimates (e.g. '°C', '%'); display only")
     rounding: RoundingConfig = RoundingConfig()
 
     @field_validator("lo", "hi")
@@ -147,6 +149,8 @@ class DimensionConfig(_Model):
                 raise ValueError(f"dimension {self.name!r}: lo must be < hi, got lo={self.lo}, hi={self.hi}")
             if self.k is not None or self.categories is not None:
                 raise ValueError(f"numeric dimension {self.name!r} takes lo/hi, not k/categories")
+        elif self.units is not None:
+            raise ValueError(f"categorical dimension {self.name!r} has no units (name its categories instead)")
         else:
             if self.lo is not None or self.hi is not None:
                 raise ValueError(f"categorical dimension {self.name!r} takes k or categories, not lo/hi")

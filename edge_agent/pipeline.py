@@ -206,6 +206,8 @@ class StreamPlan:
                 out["labels"] = list(self.dimensions[0].categories)
         else:
             out["bounds"] = [[float(d.lo), float(d.hi)] for d in self.dimensions]  # type: ignore[arg-type]
+            if any(d.units for d in self.dimensions):
+                out["units"] = [d.units or "" for d in self.dimensions]
         if self.rounding is not None:
             out["rounding"] = list(self.rounding)
         if self.heavy_hitters is not None:

@@ -182,6 +182,8 @@ class StreamSpec(_Model):
     dims: list[str] = Field(min_length=1)
     bounds: list[tuple[float, float]] | None = None
     labels: list[str] | None = None
+    units: list[str] | None = Field(
+        default=None, description="display only: each numeric dimension's unit of measurement ('' when unnamed)")
     mean: MechanismSpec | None = Field(default=None, description="input only: converted to mechanism 'haar'")
     detail: MechanismSpec | None = Field(default=None, description="input only: converted to mechanism 'haar'")
     rounding: list[float | None] | None = None
@@ -241,6 +243,9 @@ class StreamSpec(_Model):
                     raise ValueError(f"bounds must be finite with lo < hi, got [{lo}, {hi}]")
         elif self.bounds is not None:
             raise ValueError(f"a {self.kind} stream has no bounds")
+        if self.units is not None and (self.bounds is None or len(self.units) != len(self.dims)
+                                       or any(len(u) > 32 for u in self.units)):
+            raise ValueError("units name one unit (≤ 32 characters) per dimension of a numeric stream")
         if self.kind == "numeric" and len(self.dims) != 1:
             raise ValueError("a numeric stream has exactly one dimension (use 'vector' or 'haar')")
         if self.kind == "frequency" and len(self.dims) != 1:

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Broker", "BrokerUnavailable", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python"]
+__all__ = ["Broker", "BrokerUnavailable", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python",
+           "die_with_parent"]
 
 Kind = Literal["auto", "mosquitto", "amqtt"]
 
@@ -80,8 +81,9 @@ def amqtt_python() -> str | None:
     return str(exe) if exe.exists() else None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when the parent dies (no orphaned broker)."""
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM the calling process when its parent dies (a broker child before exec, a demo worker at
+    start): nothing is orphaned when the parent is killed outright. A no-op elsewhere."""
     try:
         import ctypes
         import signal
@@ -141,7 +143,7 @@ def _start_mosquitto(exe: str, workdir: Path, host: str, port: int) -> Broker:
     log_path = workdir / "mosquitto.log"
     log = open(log_path, "ab")
     proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=die_with_parent)
     broker = Broker("mosquitto", host, port, "5", proc, workdir, log_path, log)
     try:
         wait_port(port, host=host, proc=proc)
@@ -174,7 +176,7 @@ def _start_amqtt(python: str, workdir: Path, host: str, port: int) -> Broker:
     log_path = workdir / "amqtt.log"
     log = open(log_path, "ab")
     proc = subprocess.Popen([python, "-c", _AMQTT_MAIN, str(conf)], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
     broker = Broker("amqtt", host, port, "3.1.1", proc, workdir, log_path, log)
     try:
         wait_port(port, timeout=20.0, host=host, proc=proc)

@@ -42,6 +42,8 @@ __all__ = [
     "read_dat",
     "adult_dir",
     "load_adult",
+    "adult_codebook",
+    "bin_midpoints",
     "SYN_N",
     "SYN_TAU",
     "SYN_K",
@@ -314,6 +316,25 @@ def load_adult(directory: Path | str | None = None) -> Dataset:
     if data.shape != (n_rows, domain.d):
         raise DatasetError(f"{dat}: shape {data.shape} does not match the domain's ({n_rows}, {domain.d})")
     return Dataset("Adult", data, domain)
+
+
+def adult_codebook() -> dict[str, dict]:
+    """What the coarse codes mean (``data/adult/codebook.json``, shipped; its README says how it was derived):
+    ``{column name: {"column": index, "kind": "bins" | "labels", "bins": [[lo, hi], …] (integer values each code
+    covers), "units", "labels"}}``. Always the shipped copy: the meaning belongs to the coding, not to a directory
+    ``HAARVEST_ADULT_DIR`` names."""
+    import json
+
+    path = ADULT_DIR / "codebook.json"
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8"))["columns"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise DatasetError(f"{path}: cannot read the Adult codebook ({exc})") from None
+
+
+def bin_midpoints(column: dict) -> np.ndarray:
+    """The midpoint of each code's bin of a ``kind = "bins"`` codebook column (index = code)."""
+    return np.array([(lo + hi) / 2.0 for lo, hi in column["bins"]], dtype=float)
 
 
 # ------------------------------------------------------------------------------------------------------------ Syn

@@ -10,10 +10,12 @@ What runs (``make demo``; docs/demo.md):
    Ed25519 identity and HMAC secret, one MQTT connection each), driven by :func:`edge_agent.run_fleet` in worker
    processes of at most :data:`AGENTS_PER_PROCESS` agents (paho's network loop uses ``select()``, which cannot watch
    file descriptors ≥ 1024; an agent holds about six: its MQTT socket and wake-up pair, SQLite's db/WAL/shm).
-   Device i replays row i of a seeded sample of the Adult data (``data/adult``, shipped with the repository; coarse integer codes,
-   so age/education/hours are the 16-level codes 0–15) plus two synthetic evolving dimensions: ``load`` (a
-   per-device baseline, a population trend of +6 per round and per-round noise) and ``app`` (one of 8 apps, redrawn
-   with probability 0.25 each round from a popularity that drifts towards app 3);
+   Device i replays row i of a seeded sample of the Adult data (``data/adult``, shipped with the repository),
+   decoded with its codebook (``data/adult/codebook.json``): age and hours-per-week as the midpoint of their bin
+   (years, hours per week), education-num as its level 1–16, sex and native-country by name; plus two synthetic
+   evolving dimensions: ``load`` (a per-device baseline in %, a population trend of +6 per round and per-round
+   noise) and ``app`` (one of 8 named apps, redrawn with probability 0.25 each round from a popularity that drifts
+   towards ``maps``);
 4. R rounds. Round 1 asks for the devices' own stream specs (``Agent.stream_specs()``: bounds and mechanisms are the
    devices') plus a heavy-hitter round on ``country`` (top 2 bits of a 6-bit code). Every later round is planned by
    :meth:`coordinator.rounds.RoundManager.open_next_round` from the earlier rounds' *published aggregates* only
@@ -40,12 +42,14 @@ state (``run/``: coordinator database, agents' databases, broker log).
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import json
 import math
 import multiprocessing as mp
 import queue
 import shutil
+import signal
 import threading
 import time
 import urllib.request
@@ -55,20 +59,26 @@ from typing import Any, Callable
 
 import numpy as np
 
+from simulations.datasets import adult_codebook, bin_midpoints, load_adult
+
 __all__ = ["DemoConfig", "DemoResult", "DemoData", "run_demo", "register", "load_adult_rows", "QUICK"]
 
 #: ``--quick`` (CI): fewer agents and rounds.
 QUICK = {"agents": 60, "rounds": 3}
 #: Agents per worker process (each agent holds ~6 file descriptors; paho's select() loop stops at fd 1024).
 AGENTS_PER_PROCESS = 100
-#: Adult columns used (0-based, coarse form): age, education-num, hours-per-week (16 levels each), sex (2),
-#: native-country (41).
-ADULT_COLUMNS = {"age": 0, "education": 4, "hours": 12, "sex": 9, "country": 13}
+#: Adult columns used (demo dimension → codebook column, data/adult/codebook.json). The devices read decoded values:
+#: age and hours-per-week the midpoint of their bin (years, hours per week), education-num its level 1–16 (9 =
+#: HS-grad, 13 = Bachelors), sex and native-country their category (the estimates are labelled with the names).
+ADULT_COLUMNS = {"age": "age", "education": "education_num", "hours": "hours_per_week", "sex": "sex",
+                 "country": "native_country"}
 COUNTRY_K = 41
-APP_K = 8
+#: The synthetic ``app`` dimension's categories (``maps`` grows more popular round by round).
+APP_NAMES = ("browser", "mail", "video", "maps", "music", "chat", "camera", "games")
+APP_K = len(APP_NAMES)
 HH_BITS = 6
-#: ε per device and round: profile 4 + load 2 + sex 1 + country 2 + app ε∞ 4 (large: 200 devices is a tiny
-#: population for LDP — interval widths shrink as 1/√n; memo hits make most later reports free)
+#: The most ε a round may ask of a device: profile 4 + load 2 + sex 1 + country 2 + app ε∞ 4 (large: 200 devices is
+#: a tiny population for LDP — interval widths shrink as 1/√n). Under the device unit every report is charged.
 ROUND_EPSILON = 13.0
 
 
@@ -100,6 +110,8 @@ class DemoResult:
     spent: dict[str, float] = field(default_factory=dict)
     report_path: Path | None = None
     dashboard_path: Path | None = None
+    repeated: list[str] = field(default_factory=list)
+    interrupted: bool = False
 
     @property
     def coverage(self) -> float:
@@ -110,36 +122,30 @@ class DemoResult:
 # ---------------------------------------------------------------------------------------------------- data
 
 
-def _read_adult_file(directory: Path) -> np.ndarray:
-    dat = directory / "adult-coarse.dat"
-    if not dat.exists():
-        raise FileNotFoundError(
-            f"Adult data not found: {dat} is missing. The demo reads data/adult relative to the "
-            "repository (adult-coarse.dat, adult-coarse.domain); set HAARVEST_ADULT_DIR to another directory."
-        )
-    lines = dat.read_text().split()
-    rows = np.loadtxt(lines[1:], delimiter=",", dtype=np.int64)
-    if rows.ndim != 2 or rows.shape[1] != 15 or rows.shape[0] != int(lines[0]):
-        raise ValueError(f"{dat}: expected {lines[0]} rows of 15 integer codes, got shape {rows.shape}")
-    return rows
-
-
 def load_adult_rows(directory: Path | None = None) -> np.ndarray:
-    """The coarse Adult table (rows × 15 integer codes): :func:`simulations.datasets.load_adult` when that module
-    is available, else read directly (``HAARVEST_ADULT_DIR`` or ``data/adult``); a clear error if
-    the files are missing."""
-    import os
+    """The coarse Adult table (rows × 15 integer codes, :func:`simulations.datasets.load_adult`: ``data/adult``
+    or ``HAARVEST_ADULT_DIR``); :class:`~simulations.datasets.DatasetError` (a ValueError) if missing or malformed."""
+    return np.asarray(load_adult(directory).data, dtype=np.int64)
 
-    try:
-        from simulations.datasets import load_adult
 
-        return np.asarray(load_adult(directory).data, dtype=np.int64)
-    except ImportError:
-        pass
-    if directory is None:
-        env = os.environ.get("HAARVEST_ADULT_DIR")
-        directory = Path(env) if env else Path(__file__).resolve().parents[1] / "data" / "adult"
-    return _read_adult_file(Path(directory))
+@functools.lru_cache(maxsize=1)
+def _codebook() -> dict[str, dict]:
+    return adult_codebook()
+
+
+def _adult_dimensions() -> list[dict[str, Any]]:
+    """The device's Adult dimensions, decoded: numeric ones on their codebook range with units, categorical ones
+    with their category names."""
+    from edge_agent.embed import categorical, numeric
+
+    book, dims = _codebook(), []
+    for name, column in ADULT_COLUMNS.items():
+        entry = book[column]
+        if entry["kind"] == "bins":
+            dims.append(numeric(name, float(entry["bins"][0][0]), float(entry["bins"][-1][1]), units=entry["units"]))
+        else:
+            dims.append(categorical(name, len(entry["labels"]), categories=list(entry["labels"])))
+    return dims
 
 
 class DemoData:
@@ -151,7 +157,12 @@ class DemoData:
         idx = rng.choice(adult.shape[0], size=n, replace=n > adult.shape[0])
         rows = adult[idx]
         self.n, self.rounds = n, rounds
-        self.static = {name: rows[:, col] for name, col in ADULT_COLUMNS.items()}
+        book = _codebook()
+        self.static = {}
+        for name, column in ADULT_COLUMNS.items():
+            entry = book[column]
+            codes = rows[:, entry["column"]]
+            self.static[name] = bin_midpoints(entry)[codes] if entry["kind"] == "bins" else codes
         base = 8.0 + 50.0 * rng.beta(2.0, 4.0, n)
         self.load = np.clip(base[None, :] + 6.0 * np.arange(rounds)[:, None] + rng.normal(0, 4.0, (rounds, n)), 0, 100)
         app = np.empty((rounds, n), dtype=np.int64)
@@ -175,7 +186,7 @@ class DemoData:
         from protocols.contract import heavy_hitter_items
 
         s = self.static
-        if stream == "profile":
+        if stream == "profile":  # means of the decoded values (years, level, hours per week)
             return [float(s["age"].mean()), float(s["education"].mean()), float(s["hours"].mean())]
         if stream == "load":
             return [float(self.load[r].mean())]
@@ -196,8 +207,8 @@ class DemoData:
 def _device_config(i: int, run_dir: Path, broker: Any, coord_pub: str) -> Any:
     from edge_agent.embed import categorical, numeric, simple_config
 
-    dims = [numeric("age", 0, 15), numeric("education", 0, 15), numeric("hours", 0, 15), numeric("load", 0, 100),
-            categorical("sex", 2), categorical("country", COUNTRY_K), categorical("app", APP_K)]
+    dims = _adult_dimensions() + [numeric("load", 0, 100, units="%"),
+                                  categorical("app", APP_K, categories=list(APP_NAMES))]
     streams = [
         {"name": "profile", "dimensions": ["age", "education", "hours"], "mechanism": "haar", "epsilon": 4.0},
         {"name": "load", "dimensions": ["load"], "mechanism": "hybrid", "epsilon": 2.0},
@@ -241,6 +252,9 @@ def _fleet_worker(indices: list[int], data: DemoData, broker: _BrokerAddress, co
     or ``("error", text)``.
     """
     try:
+        from simulations.broker import die_with_parent
+
+        die_with_parent()  # a demo killed outright leaves no worker behind
         from edge_agent import Agent, run_fleet
         from edge_agent.embed import enrolment, new_identity
         from edge_agent.sources import CallableSource
@@ -320,6 +334,19 @@ class _Fleet:
                 p.join(5)
 
 
+def _prefixes(hh: Any) -> str:
+    """A heavy-hitter step's candidate prefixes, with the countries each still covers."""
+    if not hh.prefix_bits:
+        return "every country (the first step)"
+    names = _codebook()["native_country"]["labels"]
+    shift = hh.bits - hh.prefix_bits
+    parts = []
+    for c in hh.candidates:
+        covered = names[c << shift: (c + 1) << shift]
+        parts.append(f"{c:0{hh.prefix_bits}b}… ({covered[0]}" + (f" +{len(covered) - 1})" if len(covered) > 1 else ")"))
+    return "prefixes " + ", ".join(parts)
+
+
 def _wait_for(predicate: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -356,7 +383,9 @@ def _rows_for(rid: str, stream: str, est: Any, truth: list[float], level: float)
     out = []
     for j, label in enumerate(est.labels):
         t = truth[j] if j < len(truth) else float("nan")
-        out.append({"round": rid, "stream": stream, "kind": est.kind, "item": label, "n": est.n, "true": t,
+        unit = est.units[j] if j < len(est.units) and est.units[j] else ""
+        out.append({"round": rid, "stream": stream, "kind": est.kind, "item": label, "unit": unit, "n": est.n,
+                    "true": t,
                     "estimate": est.estimate[j], "ci_low": est.ci_low[j], "ci_high": est.ci_high[j],
                     "stderr": est.stderr[j], "inside": bool(est.ci_low[j] - 1e-12 <= t <= est.ci_high[j] + 1e-12),
                     "level": level})
@@ -371,20 +400,23 @@ def _shown(row: dict[str, Any]) -> bool:
 
 
 def format_table(rows: list[dict[str, Any]], level: float) -> str:
-    head = f"{'round':<6} {'stream':<8} {'item':<10} {'true':>9} {'estimate':>9}  {int(level * 100)}% interval{'':<9} in CI"
+    head = (f"{'round':<6} {'stream':<8} {'item':<22} {'true':>9} {'estimate':>9}  {int(level * 100)}% interval{'':<9}"
+            " in CI")
     lines = [head, "-" * len(head)]
     for r in rows:
         if not _shown(r):
             continue
         ci = f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]"
-        lines.append(f"{r['round']:<6} {r['stream']:<8} {str(r['item'])[:10]:<10} {_fmt(r['true']):>9} "
+        item = f"{r['item']} ({r['unit']})" if r.get("unit") else str(r["item"])
+        lines.append(f"{r['round']:<6} {r['stream']:<8} {item[:22]:<22} {_fmt(r['true']):>9} "
                      f"{_fmt(r['estimate']):>9}  {ci:<21} {'yes' if r['inside'] else 'NO'}")
     return "\n".join(lines)
 
 
 def _html_table(rows: list[dict[str, Any]]) -> str:
     body = "".join(
-        f"<tr><td>{html.escape(r['round'])}</td><td>{html.escape(r['stream'])}</td><td>{html.escape(str(r['item']))}</td>"
+        f"<tr><td>{html.escape(r['round'])}</td><td>{html.escape(r['stream'])}</td>"
+        f"<td>{html.escape(str(r['item']) + (' (' + r['unit'] + ')' if r.get('unit') else ''))}</td>"
         f"<td class=num>{r['n']}</td><td class=num>{_fmt(r['true'])}</td><td class=num>{_fmt(r['estimate'])}</td>"
         f"<td class=num>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td>"
         f"<td class='{'' if r['inside'] else 'miss'}'>{'yes' if r['inside'] else 'no'}</td></tr>"
@@ -428,7 +460,7 @@ def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
             http_port=0, batch_ms=10.0))
         fleet = _Fleet(data, broker, coord.public_key, run_dir)
         coord.start()
-        log(f"coordinator: dashboard {coord.dashboard_url}")
+        log(f"coordinator: dashboard {coord.dashboard_url} (live while the demo runs; --serve keeps it up after)")
         for records in fleet.collect("enrol", 120.0):
             coord.import_devices(records)
         n_conn = sum(fleet.collect("ready", 180.0))
@@ -470,39 +502,75 @@ def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
                 log("  α-rounding steps: " + ", ".join(f"{s}={[round(x, 4) if x else x for x in v]}"
                                                       for s, v in info["rounding"].items()))
             if hh is not None:
-                cands = ", ".join(format(c, f"0{hh.prefix_bits}b") if hh.prefix_bits else "(root)" for c in hh.candidates)
-                log(f"  heavy hitters on country: next {hh.step_bits} bits of prefixes {cands} (k = {hh.k})")
+                log(f"  heavy hitters on country: the next {hh.step_bits} bits of {_prefixes(hh)} (k = {hh.k} items)")
             log(format_table(rows, cfg.level))
         result.metrics = coord.metrics_snapshot()
-        if coord.api is not None:
-            try:
-                with urllib.request.urlopen(coord.dashboard_url, timeout=10) as resp:
-                    dash = resp.read().decode()
-                result.dashboard_path = out / "dashboard.html"
-                result.dashboard_path.write_text(dash)
-            except OSError as exc:
-                log(f"(could not fetch the dashboard: {exc})")
+        _snapshot_dashboard(coord, out, result, log)
         fleet.stop.set()
         done = fleet.collect("done", 120.0)
+        _finish(cfg, result, history, truth_by_round, done, t0, log)
         if cfg.serve:
-            log(f"\nserving the dashboard at {coord.dashboard_url} — Ctrl-C to stop")
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+            log(f"\nserving the dashboard at {coord.dashboard_url} until Ctrl-C or SIGTERM "
+                "(the report above is already written)")
+            while True:
+                time.sleep(1)
+        else:
+            log(f"the dashboard was live only while the demo ran; `haarvest demo --serve` "
+                f"(make demo DEMO_ARGS=--serve) keeps it up until Ctrl-C or SIGTERM")
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see _main)
+        if result.report_path is None:
+            result.interrupted = True
+            if history and coord is not None:
+                result.metrics = coord.metrics_snapshot()
+                log(f"\ninterrupted: writing the report of the {len(history)} finished round(s)")
+                _finish(cfg, result, history, truth_by_round, done, t0, log)
+            else:
+                log("\ninterrupted before the first round finished: nothing to report")
     finally:
         if fleet is not None:
             fleet.close()
         if coord is not None:
             coord.close()
         broker.stop()
+    return result
 
+
+def _snapshot_dashboard(coord: Any, out: Path, result: DemoResult, log: Callable[[str], None]) -> None:
+    """Save the coordinator's dashboard page as it is now (``dashboard.html``)."""
+    if coord.api is None:
+        return
+    try:
+        with urllib.request.urlopen(coord.dashboard_url, timeout=10) as resp:
+            dash = resp.read().decode()
+        result.dashboard_path = out / "dashboard.html"
+        result.dashboard_path.write_text(dash)
+    except OSError as exc:
+        log(f"(could not fetch the dashboard: {exc})")
+
+
+def repeated_streams(history: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Streams whose estimate in some round equals the previous round's exactly."""
+    out = []
+    for (_, prev), (_, cur) in zip(history, history[1:]):
+        for stream, e in cur.items():
+            p = prev.get(stream)
+            if (p is not None and e.n and p.n and list(e.labels) == list(p.labels)
+                    and list(e.estimate) == list(p.estimate) and stream not in out):
+                out.append(stream)
+    return out
+
+
+def _finish(cfg: DemoConfig, result: DemoResult, history: list[tuple[str, dict[str, Any]]],
+            truth_by_round: dict[str, dict[str, list[float]]], done: list[dict[str, Any]], t0: float,
+            log: Callable[[str], None]) -> None:
+    """Totals, the outputs (report.html, estimates.json) and the closing summary."""
     spent = [x for d in done for x in d["spent"]]
     hits = sum(int(d["memo_hits"]) for d in done)
+    streams = len(history[-1][1]) if history else 0
     result.spent = {"mean": float(np.mean(spent)) if spent else float("nan"),
                     "max": float(np.max(spent)) if spent else float("nan"), "memo_hits": float(hits),
-                    "reports_per_device": float(len(history) * len(params.streams))}
+                    "reports_per_device": float(len(history) * streams)}
+    result.repeated = repeated_streams(history)
     result.seconds = time.monotonic() - t0
     _write_outputs(cfg, result, history, truth_by_round)
     m = result.metrics
@@ -510,12 +578,30 @@ def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
     log(f"coordinator: accepted {m.get('accepted')} reports, duplicates {m.get('duplicates')}, rejected "
         f"{m.get('rejected_total')}; intervals covering the truth: {100 * result.coverage:.1f}% "
         f"(nominal {100 * cfg.level:.0f}%)")
-    log(f"privacy spent per device (ledger, device unit: everything a device released, against any other "
-        f"readings): mean ε = {result.spent['mean']:.2f}, max ε = {result.spent['max']:.2f} for "
-        f"{int(result.spent['reports_per_device'])} reports ({hits} memo hits)")
+    if spent:
+        log(f"privacy spent per device (ledger, device unit: everything a device released, against any other "
+            f"readings): mean ε = {result.spent['mean']:.2f}, max ε = {result.spent['max']:.2f} for "
+            f"{int(result.spent['reports_per_device'])} reports ({hits} memo hits)")
+    log(memo_note(hits, result.repeated, cfg.agents))
     log(f"report: {result.report_path}   dashboard snapshot: {result.dashboard_path}")
-    log(f"done in {result.seconds:.1f} s ({cfg.agents} agents, {cfg.rounds} rounds)")
-    return result
+    log(f"done in {result.seconds:.1f} s ({cfg.agents} agents, {len(history)} of {cfg.rounds} rounds)")
+
+
+def memo_note(memo_hits: int, repeated: list[str], agents: int) -> str:
+    """Why estimates of unchanged quantities do (or do not) repeat across rounds, from what was measured: the
+    devices' memo hits and the streams whose estimate equalled the previous round's."""
+    if memo_hits:
+        return (f"{memo_hits} reports were re-sent from the devices' memos (privacy unit 'value', RAPPOR-style): "
+                "estimates of values that did not change repeat exactly"
+                + (f" ({', '.join(repeated)})" if repeated else "") + ". That costs no new ε per value but reveals "
+                "when a value changes (docs/agent.md, 'Privacy units').")
+    note = ("no report was re-sent from a memo: every report is a fresh randomization (privacy unit 'device'), so "
+            "estimates of quantities that did not change (age, sex, country) move by the noise their intervals show")
+    if repeated:
+        note += (f"; {', '.join(repeated)} equalled the previous round's estimate only because as many of the "
+                 f"{agents} devices reported each item (a frequency estimate is a count: small fleets repeat one "
+                 "by chance)")
+    return note + "."
 
 
 def _write_outputs(cfg: DemoConfig, result: DemoResult, history: list[tuple[str, dict[str, Any]]],
@@ -534,10 +620,11 @@ def _write_outputs(cfg: DemoConfig, result: DemoResult, history: list[tuple[str,
         f"<td>{html.escape(json.dumps(r['rounding']))}</td>"
         f"<td>{html.escape('' if r['heavy_hitters'] is None else json.dumps(r['heavy_hitters']))}</td></tr>"
         for r in result.rounds)
+    note = memo_note(int(result.spent["memo_hits"]), result.repeated, cfg.agents)
     body = (f"<p>{cfg.agents} agents, {cfg.rounds} rounds, broker {html.escape(result.broker)}, "
             f"{result.seconds:.1f} s. Intervals covering the truth: {100 * result.coverage:.1f}% "
             f"(nominal {100 * cfg.level:.0f}%). Privacy spent per device: mean ε = {result.spent['mean']:.2f}, "
-            f"max ε = {result.spent['max']:.2f}.</p>"
+            f"max ε = {result.spent['max']:.2f}. {html.escape(note)}</p>"
             "<h2>Rounds</h2><table><tr><th>round</th><th>reports</th><th>planned from</th><th>rounding steps</th>"
             f"<th>heavy-hitter step</th></tr>{rounds_html}</table>"
             "<h2>True vs estimated</h2>" + _html_table(result.rows) + "<h2>Charts</h2>")
@@ -577,9 +664,17 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     cfg = DemoConfig(agents=agents, rounds=rounds, out=args.out, quick=args.quick, seed=args.seed,
                      broker=args.broker, level=args.level, serve=args.serve)
+
+    def _terminated(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the clean-up below must not be interrupted again
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminated)  # SIGTERM stops the demo as Ctrl-C does
     try:
-        run_demo(cfg)
+        result = run_demo(cfg)
     except (BrokerUnavailable, FileNotFoundError, ValueError) as exc:  # no broker; Adult missing or malformed
         print(f"haarvest demo: {exc}")
         return 1
-    return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 130 if result.interrupted else 0

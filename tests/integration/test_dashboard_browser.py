@@ -82,8 +82,10 @@ def test_dashboard_renders_populated_charts_in_headless_chromium(tmp_path):
         assert len(re.findall(r'<circle class="est"', html)) == 9
         coords = [float(v) for b in bands for p in b.split() for v in p.split(",")]
         assert all(np.isfinite(coords)) and len(set(coords)) > 10
-        # frequency chart: one bar and one whisker per label, labelled
-        assert len(re.findall(r'<rect class="bar"', html)) == 4 and len(re.findall(r'<line class="ci"', html)) == 4
+        # an interval whisker at each of the 9 round points and on each of the 4 bars; a legend on every chart
+        assert len(re.findall(r'<rect class="bar"', html)) == 4 and len(re.findall(r'<line class="ci"', html)) == 13
+        assert len(re.findall(r'<g class="legend"', html)) == 4 and "95% interval" in html
+        assert "share of devices" in html
         assert all(label in html for label in ("idle", "busy", "boost", "off"))
         heights = [float(h) for h in re.findall(r'<rect class="bar"[^>]*height="([0-9.]+)"', html)]
         assert max(heights) > 20  # "idle" (≈ 50%) is a visible bar

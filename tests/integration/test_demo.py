@@ -5,7 +5,14 @@ written. Needs the Adult files (data/adult, shipped) and a broker (mosquitto or 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,6 +43,14 @@ def test_quick_demo_runs_end_to_end_under_a_minute(tmp_path, capsys):
     assert elapsed < 60, elapsed
     assert f"{QUICK['agents']}/{QUICK['agents']} agents connected" in printed
     assert "true" in printed and "estimate" in printed and "interval" in printed
+    # decoded, with units: no raw Adult codes or bit prefixes in the table
+    assert "age (years)" in printed and "hours (h/week)" in printed and "Male" in printed
+    assert "United-States" in printed and "load (%)" in printed
+    assert "no report was re-sent from a memo" in printed  # the output says why estimates do not repeat
+    assert "--serve" in printed  # and how to keep the dashboard up
+    # docs/demo.md quotes the output: every quoted line is one the demo prints, numbers and paths aside
+    for line in _quoted_output():
+        assert any(_matches(line, got) for got in printed.splitlines()), f"docs/demo.md quotes {line!r}"
 
     result = json.loads((tmp_path / "out" / "estimates.json").read_text())
     rounds = result["rounds"]
@@ -50,6 +65,8 @@ def test_quick_demo_runs_end_to_end_under_a_minute(tmp_path, capsys):
 
     rows = result["rows"]
     assert {r["stream"] for r in rows} == {"profile", "load", "sex", "country", "app"}
+    age = [r for r in rows if r["item"] == "age"]
+    assert age and all(r["unit"] == "years" and 30 < r["true"] < 50 for r in age)  # mean age in years, not a code
     # every unbiased estimate within 5 standard errors of the truth (rounding adds a little unmodelled variance)
     z = np.array([abs(r["estimate"] - r["true"]) / r["stderr"] for r in rows])
     assert np.all(z < 5), max(z)
@@ -60,3 +77,108 @@ def test_quick_demo_runs_end_to_end_under_a_minute(tmp_path, capsys):
     report = (tmp_path / "out" / "report.html").read_text()
     assert report.count("<svg") >= 10 and 'class="truth"' in report and 'class="band"' in report
     assert (tmp_path / "out" / "dashboard.html").read_text().count("<svg") >= 5
+
+
+def _norm(line: str) -> str:
+    line = re.sub(r"\S*/\S*", "PATH", line)  # paths and URLs
+    line = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", line)
+    return " ".join(line.replace(" NO", " yes").split())
+
+
+def _matches(quoted: str, printed: str) -> bool:
+    """``printed`` is ``quoted`` with other numbers and paths; ``…`` in the quote stands for anything."""
+    parts = [re.escape(_norm(p)) for p in quoted.split("…")]
+    return re.fullmatch(".*".join(parts), _norm(printed)) is not None
+
+
+def _quoted_output() -> list[str]:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "demo.md").read_text()
+    block = doc.split("A full run (200 agents", 1)[1].split("```", 2)[1]
+    return [ln for ln in block.splitlines() if ln.strip() and ln.strip() != "…"]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - out
+        out |= frontier
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_demo(tmp_path, *extra):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "haarvest.cli", "demo", "--quick", "--agents", "20", "--rounds",
+                             "2", "--out", str(tmp_path / "out"), *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _read_until(proc, marker: str, timeout: float) -> str:
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    raise AssertionError(f"{marker!r} not printed within {timeout} s:\n" + "".join(seen)[-3000:])
+
+
+@pytest.mark.skipif(not _adult_available(), reason="Adult data (data/adult) not available")
+@pytest.mark.skipif(mosquitto_path() is None and amqtt_python() is None, reason="no MQTT broker installed")
+def test_serve_keeps_the_dashboard_up_and_sigterm_stops_it_cleanly(tmp_path):
+    proc = _start_demo(tmp_path, "--serve")
+    try:
+        printed = _read_until(proc, "serving the dashboard at", 90)
+        url = printed.rsplit("serving the dashboard at ", 1)[1].split()[0]
+        assert (tmp_path / "out" / "report.html").exists()  # written before serving, not only on exit
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert resp.status == 200 and "haarvest coordinator" in resp.read().decode()
+        children = _descendants(proc.pid)
+        assert children  # the broker at least
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        deadline = time.monotonic() + 10
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [c for c in children if _alive(c)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(not _adult_available(), reason="Adult data (data/adult) not available")
+@pytest.mark.skipif(mosquitto_path() is None and amqtt_python() is None, reason="no MQTT broker installed")
+def test_a_demo_killed_outright_leaves_no_broker_or_worker_behind(tmp_path):
+    proc = _start_demo(tmp_path, "--serve")
+    try:
+        _read_until(proc, "agents connected", 90)
+        children = _descendants(proc.pid)
+        assert len(children) >= 2  # the broker and a fleet worker
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [c for c in children if _alive(c)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
