@@ -420,8 +420,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     en = sub.add_parser("enroll-device", help="register a device's Ed25519 public key")
     db(en)
-    en.add_argument("--id")
-    en.add_argument("--pubkey")
+    en.add_argument("--id", help="device id (with --pubkey, instead of --json)")
+    en.add_argument("--pubkey", help="the device's report key: Ed25519 public key, base64 (with --id)")
     en.add_argument("--json", help="file with the JSON `haarvest agent enroll` prints (or a list of them); - = stdin")
     en.add_argument("--streams", help="with --id: the streams the device may report, comma-separated (its "
                                       "contract; `agent enroll` prints it)")
@@ -447,34 +447,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         _option(sp, "key", metavar="FILE", help="round-signing key file")
         sp.add_argument("--no-publish", action="store_true", help="store only; do not publish to the broker")
         if name == "list":
-            sp.add_argument("--full", action="store_true")
+            sp.add_argument("--full", action="store_true", help="include each round's signed configuration")
         if name in ("open", "close", "next"):
-            sp.add_argument("--id", required=True)
+            sp.add_argument("--id", required=True, help="round id (letters, digits, ._-)")
         if name in ("open", "next"):
-            sp.add_argument("--epsilon", type=float, required=True)
+            sp.add_argument("--epsilon", type=float, required=True,
+                            help="the most ε the round may ask of a device (its streams' ε must fit)")
             sp.add_argument("--params", required=name == "open", help="RoundParams JSON, or @file")
-            sp.add_argument("--protocol", default="telemetry")
+            sp.add_argument("--protocol", default="telemetry", help="free-form protocol label (default %(default)s)")
         if name == "open":
-            sp.add_argument("--depends-on", nargs="*")
-            sp.add_argument("--not-after", type=float, default=None)
+            sp.add_argument("--depends-on", nargs="*", help="earlier rounds whose aggregates planned this one")
+            sp.add_argument("--not-after", type=float, default=None,
+                            help="Unix time after which devices no longer answer the round")
         if name == "next":
             sp.add_argument("--after", nargs="+", required=True, help="earlier rounds, oldest first")
         sp.set_defaults(func=cmd_rounds)
 
     es = sub.add_parser("estimate", help="estimates with confidence intervals for a round")
     db(es)
-    es.add_argument("round")
-    es.add_argument("--level", type=float, default=0.95)
-    es.add_argument("--variance", choices=["plugin", "worst"], default="plugin")
-    es.add_argument("--no-consistency", action="store_true")
-    es.add_argument("--json", action="store_true")
+    es.add_argument("round", help="round id")
+    es.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals (default %(default)s)")
+    es.add_argument("--variance", choices=["plugin", "worst"], default="plugin",
+                    help="interval variance: plugin (estimated from the reports) or worst (the worst case over inputs)")
+    es.add_argument("--no-consistency", action="store_true",
+                    help="the unbiased estimates, without clipping to the bounds or projecting onto the simplex")
+    es.add_argument("--json", action="store_true", help="print JSON instead of a table")
     es.set_defaults(func=cmd_estimate)
 
     ex = sub.add_parser("export", help="export stored reports (JSON lines or CSV)")
     db(ex)
-    ex.add_argument("round", nargs="?", default=None)
-    ex.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
-    ex.add_argument("--out", default=None)
+    ex.add_argument("round", nargs="?", default=None, help="round id (default: every round)")
+    ex.add_argument("--format", choices=["jsonl", "csv"], default="jsonl", help="output format (default %(default)s)")
+    ex.add_argument("--out", default=None, help="output file (default: stdout)")
     ex.set_defaults(func=cmd_export)
 
 

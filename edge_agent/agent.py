@@ -33,7 +33,7 @@ from .config import AgentConfig, Secrets, load_secrets
 from .ledger_guard import check_ledger, write_mark
 from .ledger_guard import compare as compare_ledger
 from .pipeline import InvalidRecord, Pipeline, PreparedReport, Record
-from .sources import build_sources
+from .sources import build_sources, source_position
 from .state import Commit, Refused, ReportRequest, State
 from .systemd import Notifier
 from .transport import MqttTransport
@@ -41,6 +41,9 @@ from .transport import MqttTransport
 __all__ = ["Agent", "ReportOutcome", "run_fleet"]
 
 log = logging.getLogger("haarvest.agent")
+
+#: Clipped readings are logged at most once per this many seconds (with the counts since the last such line).
+CLIP_LOG_INTERVAL_S = 60.0
 
 
 @dataclass
@@ -95,6 +98,8 @@ class Agent:
         self._pending_counters: Counter[str] = Counter()
         self.rounds_answered = 0
         self.readings = 0
+        self._clipped_since_log: Counter[str] = Counter()
+        self._clip_logged_at = -math.inf
         self.exhausted = False
         self.last_record: Record | None = None
         self._next_sample: float | None = None
@@ -147,6 +152,7 @@ class Agent:
         if drain_timeout > 0:
             self.drain(drain_timeout)
         self.flush_sent()
+        self._log_clipped(force=True)
         self._flush_counters()
         self._persist_rounding()
         if self.transport is not None:
@@ -217,16 +223,39 @@ class Agent:
         except InvalidRecord as exc:
             self._count("invalid_records")
             self._count(f"invalid.{exc.reason}")
+            where = source_position(self.source)
             log.warning(
-                "invalid record dropped: nothing sent, nothing charged",
+                "invalid record dropped%s: %s, value %s; nothing sent, nothing charged",
+                f" at {where}" if where else "", exc, exc.shown_value,
                 extra={"event": "invalid_record", "reason": exc.reason, "dimension": exc.dimension,
-                       "detail": str(exc)},
+                       "detail": str(exc), "source_line": where, "value": exc.shown_value},
             )
             return None
         for name in record.clipped:
             self._count(f"clipped.{name}")
+            self._clipped_since_log[name] += 1
+        if record.clipped:
+            self._log_clipped()
         self.last_record = record
         return record
+
+    def _log_clipped(self, force: bool = False) -> None:
+        """One warning for the readings clipped to their bounds since the last such line, at most every
+        :data:`CLIP_LOG_INTERVAL_S` seconds (counts per dimension, with the totals; never the values)."""
+        if not self._clipped_since_log:
+            return
+        now = time.monotonic()
+        if not force and now - self._clip_logged_at < CLIP_LOG_INTERVAL_S:
+            return
+        totals = self.pipeline.clipped_total if self.pipeline is not None else {}
+        parts = []
+        for name, n in sorted(self._clipped_since_log.items()):
+            d = self.config.dimension(name)
+            parts.append(f"{name}: {n} outside [{d.lo:g}, {d.hi:g}] ({totals.get(name, n)} since start)")
+        log.warning("readings clipped to their bounds: %s", "; ".join(parts),
+                    extra={"event": "clipped", "clipped": dict(self._clipped_since_log)})
+        self._clipped_since_log.clear()
+        self._clip_logged_at = now
 
     # --- reporting ----------------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
@@ -73,8 +74,88 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 Pipeline(cfg, b"\0" * 32).validate(reading)
         except (SourceError, InvalidRecord) as exc:
             summary["warnings"].append(f"a test reading failed: {exc}")
+        try:
+            summary["warnings"] += replay_warnings(cfg)
+        except SourceError as exc:
+            summary["warnings"].append(str(exc))
+    identity = certificate_mismatch(cfg)
+    if identity:
+        summary["ok"] = False
+        summary["warnings"].append(identity)
+    summary["round_params"] = {"streams": {n: p.stream_spec() for n, p in plans.items()}}
     print(json.dumps(summary, indent=2, default=str))
-    return 0
+    return 0 if summary["ok"] else 1
+
+
+def certificate_mismatch(cfg: Any) -> str | None:
+    """Why the MQTT client certificate cannot carry this device's reports, or None: the broker's ACL binds a
+    device's topics to its certificate's common name, so the CN must equal ``device_id``."""
+    mq = cfg.mqtt
+    if mq is None or mq.cert_file is None:
+        return None
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    try:
+        cert = x509.load_pem_x509_certificate(Path(mq.cert_file).read_bytes())
+    except (OSError, ValueError) as exc:
+        return f"mqtt.cert_file {mq.cert_file}: cannot read the certificate ({exc})"
+    names = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if names != [cfg.device_id]:
+        return (f"mqtt.cert_file {mq.cert_file} is issued to CN={','.join(map(str, names)) or '(none)'}, not to "
+                f"device_id {cfg.device_id!r}: the broker's ACL would refuse this device's reports "
+                f"(haarvest pki client --id {cfg.device_id})")
+    return None
+
+
+def replay_warnings(cfg: Any, max_rows: int = 1_000_000) -> list[str]:
+    """Scan each replay file (once, at most ``max_rows`` rows) for values the agent would clip (numeric values
+    outside the declared bounds) or drop (not a number, not finite, not a category): one warning per dimension
+    and file, with counts, the observed range and the first offending line."""
+    from .pipeline import _number
+    from .sources import ReplaySource
+
+    out: list[str] = []
+    for sc in cfg.sources:
+        if sc.kind != "replay":
+            continue
+        src = ReplaySource(sc.path, format=sc.format, time_column=sc.time_column, device_column=sc.device_column,
+                           device=cfg.device_id if sc.device_column else None)
+        outside: dict[str, list[Any]] = {}  # name -> [count, first line, min, max]
+        invalid: dict[str, list[Any]] = {}  # name -> [count, first line, first value]
+        rows = 0
+        while rows < max_rows:
+            reading = src.read()
+            if reading is None:
+                break
+            rows += 1
+            for d in cfg.dimensions:
+                if d.field not in reading or reading[d.field] is None:
+                    continue
+                raw = reading[d.field]
+                if d.kind == "categorical":
+                    ok = (raw in d.categories) if isinstance(raw, str) and d.categories is not None else (
+                        (x := _number(raw)) is not None and math.isfinite(x) and x == int(x)
+                        and 0 <= int(x) < d.domain_size)
+                    if not ok:
+                        invalid.setdefault(d.name, [0, src.line, raw])[0] += 1
+                    continue
+                x = _number(raw)
+                if x is None or not math.isfinite(x):
+                    invalid.setdefault(d.name, [0, src.line, raw])[0] += 1
+                elif not d.lo <= x <= d.hi:
+                    rec = outside.setdefault(d.name, [0, src.line, x, x])
+                    rec[0] += 1
+                    rec[2], rec[3] = min(rec[2], x), max(rec[3], x)
+        for name, (n, line, lo, hi) in outside.items():
+            d = cfg.dimension(name)
+            out.append(f"{sc.path}: {name}: {n} of {rows} values outside its bounds [{d.lo:g}, {d.hi:g}] (seen "
+                       f"{lo:g} to {hi:g}; first at line {line}): the agent clips them")
+        for name, (n, line, value) in invalid.items():
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            out.append(f"{sc.path}: {name}: {n} of {rows} values are not valid (first at line {line}: {shown}): "
+                       "the agent drops those records")
+    return out
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
@@ -227,7 +308,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--max-rounds", type=int, help="exit after answering this many rounds (demo)")
     run.add_argument("--max-readings", type=int, help="exit after this many readings (demo)")
     run.add_argument("--drain-timeout", type=float, default=10.0, help="seconds to drain the outbox at exit")
-    run.add_argument("--log-level", default="INFO")
+    run.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
     run.set_defaults(func=cmd_run)
 
     chk = sub.add_parser("check-config", help="validate the config, resolve mechanisms, test the source")
@@ -259,8 +340,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     led = sub.add_parser("ledger", help="print ledger charges as JSON lines")
     common(led)
-    led.add_argument("--stream")
-    led.add_argument("--limit", type=int)
+    led.add_argument("--stream", help="only this stream's charges")
+    led.add_argument("--limit", type=int, help="only the newest this many charges")
     led.add_argument("--total", action="store_true", help="also print totals")
     led.set_defaults(func=cmd_ledger)
 

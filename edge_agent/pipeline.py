@@ -107,13 +107,21 @@ class SpecMismatch(ValueError):
 class InvalidRecord(ValueError):
     """A reading that cannot be reported. ``reason``: missing | wrong_type | not_finite | out_of_domain.
 
-    The message names the dimension and the reason only — never the raw value (it is logged by the agent, and a
-    raw reading must not reach a log file)."""
+    The message names the dimension and the reason; ``value`` holds the offending value, which the agent's local
+    log shows (shortened) beside the source line so an operator can fix the data. A value that fails validation is
+    not a reading any mechanism uses; valid readings never reach a log."""
 
-    def __init__(self, reason: str, dimension: str, detail: str = "") -> None:
+    def __init__(self, reason: str, dimension: str, detail: str = "", value: Any = None) -> None:
         super().__init__(f"dimension {dimension!r}: {reason}" + (f" ({detail})" if detail else ""))
         self.reason = reason
         self.dimension = dimension
+        self.value = value
+
+    @property
+    def shown_value(self) -> str:
+        """The offending value for a log line: its repr, at most 40 characters."""
+        text = repr(self.value)
+        return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass(frozen=True)
@@ -738,25 +746,26 @@ class Pipeline:
             if d.kind == "numeric":
                 x = _number(raw)
                 if x is None:
-                    raise InvalidRecord("wrong_type", d.name, f"expected a number, got {type(raw).__name__}")
+                    raise InvalidRecord("wrong_type", d.name, f"expected a number, got {type(raw).__name__}", raw)
                 if not math.isfinite(x):
-                    raise InvalidRecord("not_finite", d.name, "not a finite number")
+                    raise InvalidRecord("not_finite", d.name, "not a finite number", raw)
                 out[d.name] = x
             else:
                 k = d.domain_size
                 if isinstance(raw, str) and d.categories is not None:
                     if raw not in d.categories:
-                        raise InvalidRecord("out_of_domain", d.name, "the label is not one of the categories")
+                        raise InvalidRecord("out_of_domain", d.name, "the label is not one of the categories", raw)
                     out[d.name] = d.categories.index(raw)
                     continue
                 x = _number(raw)
                 if x is None:
-                    raise InvalidRecord("wrong_type", d.name, f"expected a category index, got {type(raw).__name__}")
+                    raise InvalidRecord("wrong_type", d.name, f"expected a category index, got {type(raw).__name__}",
+                                        raw)
                 if not math.isfinite(x) or x != int(x):
                     raise InvalidRecord("wrong_type" if math.isfinite(x) else "not_finite", d.name,
-                                        "not an integer category index")
+                                        "not an integer category index", raw)
                 if not 0 <= int(x) < k:
-                    raise InvalidRecord("out_of_domain", d.name, f"the category index is not in [0, {k})")
+                    raise InvalidRecord("out_of_domain", d.name, f"the category index is not in [0, {k})", raw)
                 out[d.name] = int(x)
         return out
 

@@ -33,6 +33,7 @@ __all__ = [
     "IterableSource",
     "CallableSource",
     "MergedSource",
+    "source_position",
     "load_plugin",
     "build_source",
     "build_sources",
@@ -237,6 +238,11 @@ class ReplaySource:
         self._t0: tuple[float, float] | None = None  # (first row time, wall clock at it)
         self.line = 0
 
+    @property
+    def position(self) -> str:
+        """Where the last reading came from: ``path:line`` (the line in the file, header = line 1)."""
+        return f"{self.path}:{self.line}"
+
     def _iter(self) -> Iterator[dict[str, Any]]:
         with open(self.path, newline="") as fh:
             if self.format == "csv":
@@ -328,11 +334,23 @@ class MergedSource:
             out.update(r)
         return out
 
+    @property
+    def position(self) -> str | None:
+        """The positions of the sources that have one (replay files), joined; None if none has."""
+        found = [p for p in (source_position(s) for s in self.sources) if p]
+        return ", ".join(found) or None
+
     def close(self) -> None:
         for s in self.sources:
             close = getattr(s, "close", None)
             if callable(close):
                 close()
+
+
+def source_position(source: Any) -> str | None:
+    """Where ``source``'s last reading came from (``path:line`` for a replay file), or None if it cannot say."""
+    pos = getattr(source, "position", None)
+    return str(pos) if pos else None
 
 
 # --- plugins and factory ------------------------------------------------------------------------------------

@@ -35,6 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as one line: a pydantic validation error as ``where: what`` of its first problem (and how many
+    more), anything else as the first line of its message."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            found = errors()
+        except Exception:  # noqa: BLE001 - not a pydantic error after all
+            found = None
+        if found:
+            first = found[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            msg = str(first.get("msg", "")).removeprefix("Value error, ")
+            return f"{where + ': ' if where else ''}{msg}{more}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -46,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except ValueError as exc:  # bad input the command did not catch itself: one line, nothing changed
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"haarvest {args.command}: error: {first}", file=sys.stderr)
+        print(f"haarvest {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     return int(result or 0)
 

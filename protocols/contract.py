@@ -302,6 +302,15 @@ class RoundParams(_Model):
 
     streams: dict[str, StreamSpec] = Field(min_length=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _names_only(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("streams"), list):
+            raise ValueError("streams must map each stream name to its StreamSpec, not list names (the spec is what "
+                             "the coordinator estimates from; `haarvest agent check-config` prints a device's as "
+                             "round_params)")
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> "RoundParams":
         import re

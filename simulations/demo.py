@@ -644,8 +644,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--agents", type=int, default=None, help="number of agents (default 200)")
     p.add_argument("--rounds", type=int, default=None, help="number of rounds (default 4)")
     p.add_argument("--out", type=Path, default=Path("demo-output"), help="output directory (default %(default)s)")
-    p.add_argument("--broker", choices=("auto", "mosquitto", "amqtt"), default="auto")
-    p.add_argument("--seed", type=int, default=DemoConfig.seed)
+    p.add_argument("--broker", choices=("auto", "mosquitto", "amqtt"), default="auto",
+                   help="mosquitto if installed, else amqtt (default %(default)s)")
+    p.add_argument("--seed", type=int, default=DemoConfig.seed,
+                   help="seed of the data (the devices' noise always comes from OS entropy; default %(default)s)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals")
     p.add_argument("--serve", action="store_true", help="keep the dashboard up after the rounds (Ctrl-C to stop)")
     p.set_defaults(func=_main)

@@ -172,3 +172,73 @@ def test_fleet_runs_many_embedded_agents_on_one_thread(tmp_path):
     assert time.monotonic() - t0 < 20
     assert all(a.rounds_answered >= 3 for a in agents)
     assert all(a.state is None for a in agents)  # closed
+
+
+def test_check_config_warns_about_replay_values_it_would_clip_or_drop(tmp_path, capsys):
+    cfg = _write_config(tmp_path)
+    rows = ["t,cpu,mode", "0,50,1", "1,140,2", "2,-3,0", "3,oops,1", "4,20,7", "5,99,1"]
+    (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
+    assert main(["agent", "check-config", "--config", str(cfg)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    warnings = "\n".join(out["warnings"])
+    assert "cpu: 2 of 6 values outside its bounds [0, 100] (seen -3 to 140; first at line 3): the agent clips" \
+        in warnings
+    assert "cpu: 1 of 6 values are not valid (first at line 5: 'oops')" in warnings
+    assert "mode: 1 of 6 values are not valid (first at line 6: 7)" in warnings
+    # the device's stream specs, ready for `coordinator rounds open --params @file`
+    from protocols.contract import parse_round_params
+
+    assert set(parse_round_params(out["round_params"]).streams) == {"cpu", "mode"}
+
+
+def test_check_config_refuses_a_client_certificate_issued_to_another_device(tmp_path, capsys):
+    from coordinator.pki import init_ca, issue_certificate
+
+    ca = tmp_path / "ca"
+    init_ca(ca)
+    cert, key = issue_certificate(ca, "pi-other", tmp_path / "clients")[:2]
+    extra = (f'[mqtt]\nhost = "127.0.0.1"\ntls = true\nca_file = "{ca / "ca.crt"}"\ncert_file = "{cert}"\n'
+             f'key_file = "{key}"\n')
+    cfg = _write_config(tmp_path, extra)
+    assert main(["agent", "check-config", "--config", str(cfg), "--no-source-check"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False
+    assert any("CN=pi-other, not to device_id 'pi-cli'" in w for w in out["warnings"])
+    own = issue_certificate(ca, "pi-cli", tmp_path / "clients")
+    cfg.write_text(cfg.read_text().replace(str(cert), str(own[0])).replace(str(key), str(own[1])))
+    assert main(["agent", "check-config", "--config", str(cfg), "--no-source-check"]) == 0
+
+
+def test_dropped_records_name_their_line_and_value_and_clipping_is_logged_rate_limited(tmp_path, caplog):
+    import logging
+
+    from edge_agent import agent as agent_module
+    from edge_agent.config import load_config
+    from edge_agent.sources import ReplaySource
+
+    cfg_path = _write_config(tmp_path)
+    rows = ["t,cpu,mode", "0,50,1", "1,140,2", "2,-3,0", "3,oops,1", "4,120,1"]
+    (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
+    cfg = load_config(cfg_path)
+    agent = Agent(cfg, ReplaySource(tmp_path / "data.csv", time_column="t"), secrets=new_identity(), transport=False)
+    agent.open()
+    try:
+        with caplog.at_level(logging.WARNING, logger="haarvest.agent"):
+            for _ in range(5):
+                agent.sample()
+        lines = [r.getMessage() for r in caplog.records]
+        dropped = [ln for ln in lines if ln.startswith("invalid record dropped")]
+        assert dropped == [f"invalid record dropped at {tmp_path / 'data.csv'}:5: dimension 'cpu': wrong_type "
+                           "(expected a number, got str), value 'oops'; nothing sent, nothing charged"]
+        clipped = [ln for ln in lines if ln.startswith("readings clipped")]
+        # the first clip is logged at once; the next two wait for the interval (counted, not logged)
+        assert clipped == ["readings clipped to their bounds: cpu: 1 outside [0, 100] (1 since start)"]
+        assert agent.stats["clipped.cpu"] == 3
+        caplog.clear()
+        agent_module.CLIP_LOG_INTERVAL_S = 0.0
+        with caplog.at_level(logging.WARNING, logger="haarvest.agent"):
+            agent.close()  # the pending counts are logged on close
+        assert "readings clipped to their bounds: cpu: 2 outside [0, 100] (3 since start)" in caplog.text
+    finally:
+        agent_module.CLIP_LOG_INTERVAL_S = 60.0
+        agent.close()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,7 +49,12 @@ def test_api_and_dashboard(tmp_path):
             coord.open_round(rid, 2.0, PARAMS)
             _fill(coord, fleet, rid, rng)
         base, token = coord.http_url, coord.api.token
-        assert json.loads(_get(base + "/healthz")[2])["status"] == "ok"  # the probe needs no token
+        health = json.loads(_get(base + "/healthz")[2])
+        assert health["status"] == "ok"  # the probe needs no token
+        # docs/coordinator.md quotes the body: the same keys, and the values of a coordinator without MQTT
+        doc = (Path(__file__).resolve().parents[2] / "docs" / "coordinator.md").read_text()
+        quoted = json.loads(re.search(r"`GET /healthz` \(JSON `(\{[^`]+\})`", doc).group(1))
+        assert set(quoted) == set(health) and quoted["status"] == health["status"]
         rounds = json.loads(_get(base + "/api/rounds", token)[2])
         assert [r["round_id"] for r in rounds] == ["r1", "r2"] and rounds[0]["streams"] == ["app", "cpu"]
         assert json.loads(_get(base + "/api/rounds/r2", token)[2])["sig"]
