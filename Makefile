@@ -58,9 +58,9 @@ bench: $(BENCHENV)
 eval: $(BENCHENV)
 	$(BIN)/haarvest simulate eval $(EVAL_ARGS)
 
-# A Raspberry Pi rehearsal under qemu user-mode emulation (docs/pi-rehearsal.md; needs root, ≈ 7 min).
+# A Raspberry Pi rehearsal under qemu user-mode emulation (deploy/README.md; needs root, ≈ 7 min the first time).
 pi-rehearsal: $(CORE)
-	bash deploy/pi/rehearsal.sh
+	$(BIN)/python deploy/pi/rehearsal.py $(PI_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BROKER_VENV) build *.egg-info .pytest_cache

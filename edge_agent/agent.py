@@ -224,11 +224,12 @@ class Agent:
             self._count("invalid_records")
             self._count(f"invalid.{exc.reason}")
             where = source_position(self.source)
+            value = exc.shown_value() if self.config.privacy.log_invalid_values else exc.described_value()
             log.warning(
-                "invalid record dropped%s: %s, value %s; nothing sent, nothing charged",
-                f" at {where}" if where else "", exc, exc.shown_value,
+                "invalid record dropped%s: %s, value: %s; nothing sent, nothing charged",
+                f" at {where}" if where else "", exc, value,
                 extra={"event": "invalid_record", "reason": exc.reason, "dimension": exc.dimension,
-                       "detail": str(exc), "source_line": where, "value": exc.shown_value},
+                       "detail": str(exc), "source_line": where, "value": value},
             )
             return None
         for name in record.clipped:

@@ -255,6 +255,9 @@ class PrivacyConfig(_Model):
         "device", description="default privacy unit of every stream: device (user-level, the default) or value")
     max_round_epsilon: float = Field(4.0, gt=0, description="the most this device spends in one round")
     round_policy: Literal["clamp", "refuse"] = "clamp"
+    log_invalid_values: bool = Field(
+        False, description="show the offending value of an invalid reading in the agent's local log (off: it is "
+                           "described by kind only — it may be a real reading, and logs can leave the device)")
 
     @field_validator("epsilon", "max_round_epsilon")
     @classmethod

@@ -107,19 +107,39 @@ class SpecMismatch(ValueError):
 class InvalidRecord(ValueError):
     """A reading that cannot be reported. ``reason``: missing | wrong_type | not_finite | out_of_domain.
 
-    The message names the dimension and the reason; ``value`` holds the offending value, which the agent's local
-    log shows (shortened) beside the source line so an operator can fix the data. A value that fails validation is
-    not a reading any mechanism uses; valid readings never reach a log."""
+    The message names the dimension and the reason only, never a value. ``value`` holds the offending value: the
+    agent's log describes it by kind (:meth:`described_value`: "text of 16 characters", "a non-finite
+    number", "an integer outside [0, 3)") beside the source line, so the operator can find it in the source; the value itself appears
+    only with ``privacy.log_invalid_values = true`` (:meth:`shown_value`) — it may be a real reading, and a log can
+    leave the device. Valid readings never reach a log."""
 
-    def __init__(self, reason: str, dimension: str, detail: str = "", value: Any = None) -> None:
+    def __init__(self, reason: str, dimension: str, detail: str = "", value: Any = None, domain: str = "") -> None:
         super().__init__(f"dimension {dimension!r}: {reason}" + (f" ({detail})" if detail else ""))
         self.reason = reason
         self.dimension = dimension
         self.value = value
+        self.domain = domain
 
-    @property
+    def described_value(self) -> str:
+        """The offending value's kind, without its content."""
+        v = self.value
+        if v is None:
+            return "nothing"
+        if isinstance(v, bool):
+            return "a boolean"
+        if isinstance(v, str):
+            return f"text of {len(v)} characters"
+        if isinstance(v, numbers.Real):
+            x = float(v)
+            if not math.isfinite(x):
+                return "a non-finite number"
+            if self.reason == "out_of_domain":
+                return f"an integer outside {self.domain}" if self.domain else "a number outside the domain"
+            return "a number with a fractional part" if x != int(x) else "a number"
+        return f"a {type(v).__name__}"
+
     def shown_value(self) -> str:
-        """The offending value for a log line: its repr, at most 40 characters."""
+        """The offending value itself (repr, at most 40 characters): only with ``privacy.log_invalid_values``."""
         text = repr(self.value)
         return text if len(text) <= 40 else text[:37] + "..."
 
@@ -765,7 +785,8 @@ class Pipeline:
                     raise InvalidRecord("wrong_type" if math.isfinite(x) else "not_finite", d.name,
                                         "not an integer category index", raw)
                 if not 0 <= int(x) < k:
-                    raise InvalidRecord("out_of_domain", d.name, f"the category index is not in [0, {k})", raw)
+                    raise InvalidRecord("out_of_domain", d.name, f"the category index is not in [0, {k})", raw,
+                                        f"[0, {k})")
                 out[d.name] = int(x)
         return out
 

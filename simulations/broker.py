@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 __all__ = ["Broker", "BrokerUnavailable", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python",
-           "die_with_parent"]
+           "die_with_parent", "dynsec_plugin", "shipped_tls_conf"]
 
 Kind = Literal["auto", "mosquitto", "amqtt"]
 
@@ -64,6 +64,37 @@ def mosquitto_path() -> str | None:
     if exe:
         return exe
     return "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+
+
+#: The repository's deploy/ folder (the shipped mosquitto configuration, ACL and dynamic-security state).
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+def dynsec_plugin() -> str | None:
+    """Where this system's mosquitto dynamic-security plugin is (Debian: /usr/lib/<multiarch>/), or None."""
+    found = sorted(Path("/usr/lib").glob("*/mosquitto_dynamic_security.so")) + sorted(
+        Path("/usr/lib").glob("mosquitto_dynamic_security.so"))
+    return str(found[0]) if found else None
+
+
+def shipped_tls_conf(workdir: Path, pki: Path, port: int, host: str = "127.0.0.1") -> str:
+    """deploy/mosquitto/haarvest.conf (TLS, client certificates, the shipped ACL, dynamic security) with local
+    paths: the PKI in ``pki`` (``haarvest pki``), a copy of the shipped dynamic-security state in ``workdir``, a
+    listener on ``host:port``. Without the dynamic-security plugin the plugin lines are left out (quarantine then
+    cannot cut a device off at the broker)."""
+    workdir = Path(workdir)
+    shutil.copy(DEPLOY / "mosquitto" / "dynamic-security.json", workdir / "dynamic-security.json")
+    conf = (DEPLOY / "mosquitto" / "haarvest.conf").read_text()
+    plugin = dynsec_plugin()
+    if plugin is None:
+        conf = "\n".join(ln for ln in conf.splitlines() if not ln.startswith(("plugin ", "plugin_opt_")))
+    else:
+        conf = conf.replace("/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so", plugin)
+    conf = (conf.replace("/etc/haarvest/pki", str(pki))
+            .replace("/etc/mosquitto/haarvest.acl", str(DEPLOY / "mosquitto" / "haarvest.acl"))
+            .replace("/var/lib/mosquitto/", f"{workdir}/")
+            .replace("listener 8883", f"listener {port} {host}"))
+    return conf
 
 
 #: The environment ``make broker-venv`` creates for amqtt (relative to the repository).

@@ -10,22 +10,8 @@ from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+from simulations.broker import DEPLOY, dynsec_plugin, free_port, wait_port  # noqa: F401 - re-exported
+from simulations.broker import shipped_tls_conf as _shipped_tls_conf
 
 
 def wait_until(pred, timeout: float, poll: float = 0.05) -> bool:
@@ -38,29 +24,11 @@ def wait_until(pred, timeout: float, poll: float = 0.05) -> bool:
     return bool(pred())
 
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
-
-
-def dynsec_plugin() -> str | None:
-    """Where this system's mosquitto dynamic-security plugin is (Debian: /usr/lib/<multiarch>/), or None."""
-    found = sorted(Path("/usr/lib").glob("*/mosquitto_dynamic_security.so")) + sorted(
-        Path("/usr/lib").glob("mosquitto_dynamic_security.so"))
-    return str(found[0]) if found else None
-
-
 def shipped_tls_conf(tmp: Path, ca: Path, port: int) -> str:
-    """deploy/mosquitto/haarvest.conf with ``tmp``'s paths: the PKI in ``ca``, the shipped ACL, a copy of the
-    shipped dynamic-security state in ``tmp``, a loopback listener on ``port``."""
-    plugin = dynsec_plugin()
-    if plugin is None:
+    """:func:`simulations.broker.shipped_tls_conf`; the test skips without the dynamic-security plugin."""
+    if dynsec_plugin() is None:
         pytest.skip("mosquitto's dynamic-security plugin is not installed")
-    shutil.copy(DEPLOY / "mosquitto" / "dynamic-security.json", tmp / "dynamic-security.json")
-    conf = (DEPLOY / "mosquitto" / "haarvest.conf").read_text()
-    return (conf.replace("/etc/haarvest/pki", str(ca))
-            .replace("/etc/mosquitto/haarvest.acl", str(DEPLOY / "mosquitto" / "haarvest.acl"))
-            .replace("/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so", plugin)
-            .replace("/var/lib/mosquitto/", f"{tmp}/")
-            .replace("listener 8883", f"listener {port} 127.0.0.1"))
+    return _shipped_tls_conf(tmp, ca, port)
 
 
 class Mosquitto:

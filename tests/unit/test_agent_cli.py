@@ -228,8 +228,9 @@ def test_dropped_records_name_their_line_and_value_and_clipping_is_logged_rate_l
                 agent.sample()
         lines = [r.getMessage() for r in caplog.records]
         dropped = [ln for ln in lines if ln.startswith("invalid record dropped")]
+        # the value is described, not shown (it may be a real reading; privacy.log_invalid_values shows it)
         assert dropped == [f"invalid record dropped at {tmp_path / 'data.csv'}:5: dimension 'cpu': wrong_type "
-                           "(expected a number, got str), value 'oops'; nothing sent, nothing charged"]
+                           "(expected a number, got str), value: text of 4 characters; nothing sent, nothing charged"]
         clipped = [ln for ln in lines if ln.startswith("readings clipped")]
         # the first clip is logged at once; the next two wait for the interval (counted, not logged)
         assert clipped == ["readings clipped to their bounds: cpu: 1 outside [0, 100] (1 since start)"]
@@ -241,4 +242,26 @@ def test_dropped_records_name_their_line_and_value_and_clipping_is_logged_rate_l
         assert "readings clipped to their bounds: cpu: 2 outside [0, 100] (3 since start)" in caplog.text
     finally:
         agent_module.CLIP_LOG_INTERVAL_S = 60.0
+        agent.close()
+
+
+def test_an_operator_can_opt_in_to_invalid_values_in_the_log(tmp_path, caplog):
+    import logging
+
+    from edge_agent.config import load_config
+    from edge_agent.sources import ReplaySource
+
+    cfg_path = _write_config(tmp_path, "[privacy]\nlog_invalid_values = true\n")
+    (tmp_path / "data.csv").write_text("t,cpu,mode\n0,oops,1\n1,50,5\n")
+    agent = Agent(load_config(cfg_path), ReplaySource(tmp_path / "data.csv", time_column="t"),
+                  secrets=new_identity(), transport=False)
+    agent.open()
+    try:
+        with caplog.at_level(logging.WARNING, logger="haarvest.agent"):
+            agent.sample()
+            agent.sample()
+        assert "data.csv:2: dimension 'cpu': wrong_type (expected a number, got str), value: 'oops'" in caplog.text
+        assert "data.csv:3: dimension 'mode': out_of_domain (the category index is not in [0, 3)), value: 5" \
+            in caplog.text
+    finally:
         agent.close()
