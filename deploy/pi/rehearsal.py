@@ -19,8 +19,9 @@ What it does, in order (docs: deploy/README.md, *Rehearsing a Pi install*):
 5. **The agent** (``haarvest agent run`` as the ``haarvest`` user, emulated) against the host broker; the
    coordinator enrols it from the enrolment JSON install.sh wrote and opens ``--rounds`` rounds built from the
    device's own ``round_params`` (``check-config``). Each round must be answered (every stream stored).
-6. **Figures:** install time, the agent's peak RSS under emulation, time from a round's publication to its last
-   stored report, per report; printed as JSON and written to ``OUT/rehearsal.json``.
+6. **Figures:** install time, the agent's start-up time (start to MQTT connection) and peak RSS under emulation,
+   time from a round's publication to its last stored report, per report; printed as JSON and written to
+   ``OUT/rehearsal.json``.
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def root_tarball(cache: Path, rebuild: bool) -> Path:
     mirror = apt_mirror()
     say(f"building an arm64 bookworm root with mmdebstrap from {mirror} (≈ 4–5 min)")
     t0 = time.monotonic()
-    run(["mmdebstrap", "--arch=arm64", "--variant=apt", f"--include={PACKAGES}", "bookworm", str(tar) + ".part",
-         mirror], stdout=subprocess.DEVNULL)
+    run(["mmdebstrap", "--arch=arm64", "--variant=apt", "--format=tar", f"--include={PACKAGES}", "bookworm",
+         str(tar) + ".part", mirror], stdout=subprocess.DEVNULL)
     os.replace(str(tar) + ".part", tar)
     say(f"root built in {time.monotonic() - t0:.0f} s")
     return tar
@@ -245,8 +246,15 @@ def rehearse(args: argparse.Namespace) -> dict[str, Any]:
             agent = subprocess.Popen([*haarvest, "agent", "run", "--config", "/etc/haarvest/agent.toml",
                                       "--max-rounds", str(args.rounds)], env=chroot_env(), stdout=log,
                                      stderr=subprocess.STDOUT)
+            t0, peak = time.monotonic(), 0
+            while b'"event":"mqtt_connected"' not in (work / "agent.log").read_bytes():
+                peak = max(peak, tree_rss_kib(agent.pid))
+                if agent.poll() is not None or time.monotonic() - t0 > args.round_timeout:
+                    raise RuntimeError(f"the agent did not connect (exit {agent.poll()}); log: {work / 'agent.log'}")
+                time.sleep(0.05)
+            out["agent_start_seconds"] = round(time.monotonic() - t0, 1)
+            say(f"agent connected to the host broker over TLS {out['agent_start_seconds']} s after it was started")
             out["rounds"] = []
-            peak = 0
             for r in range(args.rounds):
                 rid = f"pi{r + 1}"
                 t0 = time.monotonic()
