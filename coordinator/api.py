@@ -45,7 +45,7 @@ import time
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import parse_qs, urlparse
 
 
@@ -316,14 +316,20 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> tuple[list[float], int]:
     return [round(t, decimals + 2) for t in ticks], decimals
 
 
+def _y_of(ticks: list[float]) -> Callable[[float], float]:
+    """The plot's y coordinate of a value, for an axis from the first tick to the last."""
+    ymin, ymax = ticks[0], ticks[-1]
+    return lambda v: (H - BOTTOM) - (v - ymin) / (ymax - ymin) * (H - BOTTOM - TOP)
+
+
 def _axes(title: str, ticks: list[float], decimals: int, ylabel: str, percent: bool = False) -> list[str]:
     """The frame: title, y ticks with grid lines, the y-axis label."""
-    ymin, ymax = ticks[0], ticks[-1]
+    y_of = _y_of(ticks)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">',
            f"<title>{html.escape(title)}</title>",
            f'<text x="{PAD}" y="16" font-size="13" {_FONT}>{html.escape(title)}</text>']
     for t in ticks:
-        y = (H - BOTTOM) - (t - ymin) / (ymax - ymin) * (H - BOTTOM - TOP)
+        y = y_of(t)
         label = f"{100 * t:.{max(decimals - 2, 0)}f}%" if percent else f"{t:,.{decimals}f}"
         out.append(f'<line class="grid" x1="{PAD}" y1="{y:.1f}" x2="{W - 12}" y2="{y:.1f}" stroke="#e3e3e3"/>')
         out.append(f'<text class="tick" x="{PAD - 5}" y="{y + 4:.1f}" font-size="10" text-anchor="end" {_FONT}>'
@@ -363,13 +369,10 @@ def svg_band_chart(title: str, xlabels: list[str], est: list[float], lo: list[fl
     Round y ticks, the y-axis label ``ylabel`` (the quantity and its unit) and a legend."""
     known = [t for t in (truth or []) if t is not None]
     ticks, decimals = nice_ticks(min(list(lo) + list(est) + known), max(list(hi) + list(est) + known))
-    ymin, ymax = ticks[0], ticks[-1]
+    y = _y_of(ticks)
     n = len(est)
     width = W - PAD - 40
     xs = [PAD + 20 + (i * width / (n - 1) if n > 1 else width / 2) for i in range(n)]
-
-    def y(v: float) -> float:
-        return (H - BOTTOM) - (v - ymin) / (ymax - ymin) * (H - BOTTOM - TOP)
 
     out = _axes(title, ticks, decimals, ylabel)
     if n > 1:
@@ -411,12 +414,9 @@ def svg_bar_chart(title: str, labels: list[str], est: list[float], lo: list[floa
     frequencies (red ticks, class ``truth``). Round y ticks, an axis label and a legend."""
     ticks, decimals = nice_ticks(min([0.0] + list(lo) + list(est) + list(truth or [])),
                                  max([0.0] + list(hi) + list(est) + list(truth or [])))
-    ymin, ymax = ticks[0], ticks[-1]
+    y = _y_of(ticks)
     n = len(est)
     slot = (W - PAD - 20) / max(n, 1)
-
-    def y(v: float) -> float:
-        return (H - BOTTOM) - (v - ymin) / (ymax - ymin) * (H - BOTTOM - TOP)
 
     out = _axes(title, ticks, decimals, "share of devices", percent=True)
     for i, (label, e, a, b) in enumerate(zip(labels, est, lo, hi)):

@@ -47,7 +47,9 @@ def project_simplex(f: Any) -> np.ndarray:
 
 
 def clip_normalise(f: Any) -> np.ndarray:
-    """``max(f, 0) / Σ max(f, 0)`` (1-D or row-wise); a histogram with no positive entry becomes uniform."""
+    """``max(f, 0) / Σ max(f, 0)`` (1-D or row-wise), the one clip-and-normalise of haarvest (frequency oracles and
+    longitudinal protocols alike). A histogram with no positive entry becomes uniform: the result is always a
+    distribution, and with no evidence for any item the uniform one is the maximum-entropy choice."""
     arr = _as_estimates(f)
     rows = np.maximum(np.atleast_2d(arr), 0.0)
     total = rows.sum(axis=1, keepdims=True)

@@ -14,7 +14,6 @@ from protocols.longitudinal.base import (
     LongitudinalProtocol,
     SimulationResult,
     client_from_state,
-    clip_normalize,
     protocol_from_params,
     slot_pattern,
 )
@@ -51,7 +50,6 @@ __all__ = [
     "TwoStageChain",
     "alpha_round_index",
     "client_from_state",
-    "clip_normalize",
     "encode_value",
     "grr_chain",
     "grr_irr_epsilon",

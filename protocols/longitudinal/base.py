@@ -59,7 +59,6 @@ __all__ = [
     "client_from_state",
     "protocol_from_params",
     "slot_pattern",
-    "clip_normalize",
     "grr_fresh",
 ]
 
@@ -103,13 +102,6 @@ def slot_pattern(slots: Any) -> tuple[int, ...]:
     """Relabel a slot sequence by order of first appearance: (7, 7, 3, 7) -> (0, 0, 1, 0)."""
     first: dict[Any, int] = {}
     return tuple(first.setdefault(s, len(first)) for s in slots)
-
-
-def clip_normalize(estimate: Any) -> np.ndarray:
-    """Post-processing used by multi-freq-ldpy's MI estimators: clip at 0 and renormalise to sum 1 (biased)."""
-    est = np.clip(np.asarray(estimate, dtype=float), 0.0, None)
-    total = est.sum()
-    return est / total if total > 0 else est
 
 
 def grr_fresh(z: np.ndarray, k: int, p: float, rng: np.random.Generator) -> np.ndarray:
@@ -286,22 +278,33 @@ class LongitudinalProtocol(ABC):
         """Unbiased estimate from one round of reports."""
 
     def simulate_rounds(
-        self, values: Any, rng: np.random.Generator, fleet: FleetState | None = None, **fixed: Any
+        self, values: Any, rng: np.random.Generator, fleet: FleetState | None = None, *,
+        estimate: Any = None, **fixed: Any
     ) -> SimulationResult:
-        """Run τ rounds for n devices (values shape (n, τ)): per-round estimates and charges."""
+        """Run τ rounds for n devices (values shape (n, τ)): per-round estimates and charges.
+
+        ``estimate`` (round indices, default every round) limits decoding to the rounds wanted: every round is
+        still privatized and charged (memo state evolves as in a deployment), the others' estimate rows are NaN."""
         values = np.asarray(values)
         if values.ndim != 2 or values.shape[0] == 0 or values.shape[1] == 0:
             raise ValueError(f"values must have shape (n, tau) with n, tau >= 1, got {values.shape}")
+        tau = values.shape[1]
+        wanted = set(range(tau)) if estimate is None else {int(t) for t in estimate}
+        if not wanted <= set(range(tau)):
+            raise ValueError(f"estimate names rounds outside [0, {tau}): {sorted(wanted - set(range(tau)))}")
         if fleet is None:
             fleet = self.new_fleet(values.shape[0], rng, **fixed)
         elif fleet.n != values.shape[0]:
             raise ValueError(f"fleet has {fleet.n} devices but values has {values.shape[0]} rows")
-        estimates, charges = [], []
-        for t in range(values.shape[1]):
+        estimates: list[np.ndarray | None] = []
+        charges = []
+        for t in range(tau):
             reports, charge = self.privatize_round(values[:, t], fleet, rng)
-            estimates.append(self.estimate_round(reports))
+            estimates.append(np.asarray(self.estimate_round(reports), dtype=float) if t in wanted else None)
             charges.append(charge)
-        return SimulationResult(np.asarray(estimates), np.stack(charges, axis=1))
+        shape = next(e.shape for e in estimates if e is not None) if wanted else (0,)
+        rows = [e if e is not None else np.full(shape, np.nan) for e in estimates]
+        return SimulationResult(np.asarray(rows), np.stack(charges, axis=1))
 
     def _check_values(self, values: Any) -> np.ndarray:
         return np.asarray(values)

@@ -226,7 +226,8 @@ class DDRM(LongitudinalProtocol):
         return float(np.sum(self.c**2 - sq[nodes]))
 
     def simulate_rounds(
-        self, values: Any, rng: np.random.Generator, fleet: FleetState | None = None, **fixed: Any
+        self, values: Any, rng: np.random.Generator, fleet: FleetState | None = None, *,
+        estimate: Any = None, **fixed: Any
     ) -> Any:
         raise NotImplementedError("use privatize_stream / estimate (or privatize_round per time step) for DDRM")
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from protocols.frequency import clip_normalise
 from protocols.longitudinal import (
     LGRR,
     LOLOHA,
@@ -30,7 +31,6 @@ from protocols.longitudinal import (
     RAPPOR,
     DBitFlipPM,
     LongitudinalProtocol,
-    clip_normalize,
 )
 from simulations.syn import generate_syn, true_frequencies
 
@@ -118,7 +118,7 @@ def _peer_comparison(values: np.ndarray, truth: np.ndarray, quick: bool) -> list
     for t in range(rounds):
         rep, _ = protocol.privatize_round(values[:, t], fleet, rng)
         est = protocol.estimate_round(rep)
-        ours_mse.append(float(((clip_normalize(est) - truth[t]) ** 2).mean()))
+        ours_mse.append(float(((clip_normalise(est) - truth[t]) ** 2).mean()))
         ours_raw.append(float(((est - truth[t]) ** 2).mean()))
     lines.append(
         f"| haarvest LOLOHA (vectorised) | {ours_priv:.1f} ms | {ours_decode:.1f} ms (min {ours_decode_min:.1f}) "

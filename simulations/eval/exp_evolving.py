@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocols.longitudinal import RAPPOR, OneBitMeanMemo, clip_normalize
+from protocols.frequency import clip_normalise
+from protocols.longitudinal import RAPPOR, OneBitMeanMemo
 from protocols.numeric import Hybrid
 from protocols.pipeline import MemoizedPipeline
 from simulations.datasets import SYN_K, adult_with_syn, load_adult
@@ -93,7 +94,7 @@ def run(config: EvalConfig) -> Section:
                     est_post = proto.estimate_round(reports, method="nnls")
                 else:
                     est = proto.estimate_round(reports)
-                    est_post = clip_normalize(est)
+                    est_post = clip_normalise(est)
                 err_raw.append(np.mean((est - truth_f[t]) ** 2))
                 err_post.append(np.mean((est_post - truth_f[t]) ** 2))
                 err_mean.append((_normalise_values(grid_values) @ est - truth_mean[t]) ** 2)

@@ -121,6 +121,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _survivors(children: set[int], timeout: float = 15.0) -> list[int]:
+    """The processes of ``children`` still alive after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [c for c in children if _alive(c)]
+
+
+def _reap(proc) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def _start_demo(tmp_path, *extra):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "haarvest.cli", "demo", "--quick", "--agents", "20", "--rounds",
@@ -154,14 +168,9 @@ def test_serve_keeps_the_dashboard_up_and_sigterm_stops_it_cleanly(tmp_path):
         assert children  # the broker at least
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        deadline = time.monotonic() + 10
-        while any(_alive(c) for c in children) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [c for c in children if _alive(c)]
+        assert not _survivors(children)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
 
 
 @pytest.mark.skipif(not _adult_available(), reason="Adult data (data/adult) not available")
@@ -174,11 +183,6 @@ def test_a_demo_killed_outright_leaves_no_broker_or_worker_behind(tmp_path):
         assert len(children) >= 2  # the broker and a fleet worker
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 15
-        while any(_alive(c) for c in children) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [c for c in children if _alive(c)]
+        assert not _survivors(children)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from protocols.frequency import clip_normalise
 from protocols.longitudinal import (
     DDRM,
     LGRR,
@@ -18,7 +19,6 @@ from protocols.longitudinal import (
     RAPPOR,
     DBitFlipPM,
     OneBitMeanMemo,
-    clip_normalize,
 )
 from simulations.syn import generate_syn, true_frequencies
 
@@ -89,7 +89,7 @@ def test_loloha_mse_agrees_with_multi_freq_ldpy():
     for _ in range(reps):
         fleet = ours_protocol.new_fleet(n, rng)
         reports, _ = ours_protocol.privatize_round(values, fleet, rng)
-        ours.append(((clip_normalize(ours_protocol.estimate_round(reports)) - f) ** 2).mean())
+        ours.append(((clip_normalise(ours_protocol.estimate_round(reports)) - f) ** 2).mean())
         their_reports = [llh.L_LH_Client(int(v), k, eps_inf, eps_1, optimal=True) for v in values]
         theirs.append(((llh.L_LH_Aggregator_MI(their_reports, k, eps_inf, eps_1, optimal=True) - f) ** 2).mean())
     ours_arr, theirs_arr = np.array(ours), np.array(theirs)

@@ -9,6 +9,7 @@ import pytest
 from scipy.optimize import minimize_scalar
 
 from protocols.hashing import P, hash_matrix, hash_values
+from protocols.frequency import clip_normalise
 from protocols.longitudinal import (
     DDRM,
     LGRR,
@@ -20,7 +21,6 @@ from protocols.longitudinal import (
     OneBitMeanMemo,
     TranscriptMechanism,
     alpha_round_index,
-    clip_normalize,
     optimal_g,
     protocol_from_params,
     slot_pattern,
@@ -272,4 +272,19 @@ def test_transcript_mechanism_and_clip_normalize():
     assert len(out) == 3 and out[0].shape == (10,)
     with pytest.raises(ValueError):
         mech.privatize(np.zeros(10, dtype=int), np.random.default_rng(0))
-    np.testing.assert_allclose(clip_normalize([-1.0, 1.0, 3.0]), [0.0, 0.25, 0.75])
+    np.testing.assert_allclose(clip_normalise([-1.0, 1.0, 3.0]), [0.0, 0.25, 0.75])
+
+
+def test_simulate_rounds_can_estimate_only_the_rounds_wanted():
+    from protocols.longitudinal import LGRR
+
+    values = np.random.default_rng(1).integers(0, 4, size=(500, 5))
+    proto = LGRR(k=4, epsilon_inf=2.0, epsilon_1=1.0)
+    every = proto.simulate_rounds(values, np.random.default_rng(7))
+    some = proto.simulate_rounds(values, np.random.default_rng(7), estimate=[1, 4])
+    assert some.estimates.shape == every.estimates.shape
+    np.testing.assert_allclose(some.estimates[[1, 4]], every.estimates[[1, 4]])  # same draws, same estimates
+    assert np.isnan(some.estimates[[0, 2, 3]]).all()
+    np.testing.assert_array_equal(some.charges, every.charges)  # every round still privatized and charged
+    with pytest.raises(ValueError, match="outside"):
+        proto.simulate_rounds(values, np.random.default_rng(7), estimate=[5])
