@@ -25,7 +25,7 @@ trades the unbiasedness of the raw estimate for a valid distribution.
 
 from protocols.frequency.direct import GRR, grr_perturb
 from protocols.frequency.hadamard import HadamardResponse, fwht
-from protocols.frequency.local_hashing import BLH, OLH, LocalHashing, lh_support_counts
+from protocols.frequency.local_hashing import BLH, OLH, LocalHashing
 from protocols.frequency.postprocess import clip_normalise, project_simplex
 from protocols.frequency.public_matrix import PublicMatrixOracle, philox4x32
 from protocols.frequency.unary import OUE, SUE, UnaryEncoding
@@ -44,6 +44,5 @@ __all__ = [
     "clip_normalise",
     "fwht",
     "grr_perturb",
-    "lh_support_counts",
     "philox4x32",
 ]

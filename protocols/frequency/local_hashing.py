@@ -15,8 +15,8 @@ generic estimator ``f̂_v = (C_v/n - 1/g)/(p - 1/g)`` is unbiased with per-user 
 ``(q*(1-q*) + f(p-q*)(1-p-q*))/(p-q*)²``; for OLH at f = 0 this is about ``4e^ε/(e^ε-1)²``. (The Carter–Wegman
 family over P = 2^31-1 makes q* = 1/g only up to O(1/P) ≈ 5·10^-10, far below any sampling error.)
 
-Fast support counts (:func:`lh_support_counts`): with ``h_s(v) = ((a·v + b) mod P) mod g`` the residues
-``r_v = (a·v + b) mod P`` satisfy ``r_0 = b`` and ``r_{v+1} = r_v + a - P·[r_v + a ≥ P]``, so the decoder walks the
+Fast support counts (:func:`protocols.hashing.support_counts`, shared with LOLOHA): with
+``h_s(v) = ((a·v + b) mod P) mod g`` the residues ``r_v = (a·v + b) mod P`` satisfy ``r_0 = b`` and ``r_{v+1} = r_v + a - P·[r_v + a ≥ P]``, so the decoder walks the
 k items once, updating all users' residues with a handful of uint32 numpy operations per item (``min(r, r - P)``
 with wrap-around implements the conditional subtraction; ``mod g`` is a bit mask when g is a power of two and a
 libdivide-backed floor division otherwise) and counts matches with ``count_nonzero``. No (user, item) hash is
@@ -33,54 +33,12 @@ import numpy as np
 from protocols.base import FrequencyOracle, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_matrix, user_values
 from protocols.frequency.direct import grr_perturb
-from protocols.hashing import MAX_ITEM, SEED_BITS, P, coefficients, draw_seeds, hash_values
+from protocols.hashing import MAX_ITEM, SEED_BITS, P, draw_seeds, hash_values, support_counts
 
-__all__ = ["LocalHashing", "BLH", "OLH", "lh_support_counts"]
+__all__ = ["LocalHashing", "BLH", "OLH"]
 
 #: Largest hash range: residues mod P are < 2^31, so g beyond P would leave values unused.
 MAX_G = 1 << 30
-#: Users per decode chunk: five uint32/bool work arrays of this length (~2 MiB) stay near the L2 cache;
-#: larger chunks amortise the per-item numpy call overhead (measured best at n = 10^5).
-_DECODE_CHUNK = 1 << 17
-
-
-def lh_support_counts(seeds: np.ndarray, y: np.ndarray, k: int, g: int, chunk: int = _DECODE_CHUNK) -> np.ndarray:
-    """``C_v = #{i : h_{s_i}(v) = y_i}`` for every v in [0, k), by the incremental residue walk (module docstring).
-
-    Equals ``(hash_matrix(seeds, k, g) == y[:, None]).sum(axis=0)`` without materialising the (n, k) matrix.
-    """
-    seeds = np.asarray(seeds, dtype=np.int64)
-    y = np.asarray(y, dtype=np.int64)
-    n = seeds.shape[0]
-    counts = np.zeros(k, dtype=np.int64)
-    if n == 0:
-        return counts
-    a_all, b_all = coefficients(seeds)  # a ∈ [1, P), b ∈ [0, P): every residue and r + a fit in uint32
-    p32, g32 = np.uint32(P), np.uint32(g)
-    mask = np.uint32(g - 1) if g & (g - 1) == 0 else None
-    chunk = max(1, int(chunk))
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
-        a = a_all[start:stop].astype(np.uint32)
-        r = b_all[start:stop].astype(np.uint32)
-        target = y[start:stop].astype(np.uint32)
-        tmp = np.empty_like(r)
-        h = np.empty_like(r)
-        hit = np.empty(r.shape, dtype=bool)
-        for v in range(k):  # loop over items, vectorised over the users of the chunk
-            if v:
-                np.add(r, a, out=r)  # r + a < 2P < 2^32
-                np.subtract(r, p32, out=tmp)  # wraps to > r when r < P
-                np.minimum(r, tmp, out=r)  # r = (r + a) mod P
-            if mask is not None:
-                np.bitwise_and(r, mask, out=h)
-            else:
-                np.floor_divide(r, g32, out=h)
-                np.multiply(h, g32, out=h)
-                np.subtract(r, h, out=h)
-            np.equal(h, target, out=hit)
-            counts[v] += np.count_nonzero(hit)
-    return counts
 
 
 class LocalHashing(FrequencyOracle):
@@ -102,7 +60,7 @@ class LocalHashing(FrequencyOracle):
 
     def support_counts(self, reports: np.ndarray) -> np.ndarray:
         seeds, y = self._split(reports)
-        return lh_support_counts(seeds, y, self.k, self.g)
+        return support_counts(seeds, y, self.k, self.g)
 
     def n_reports(self, reports: np.ndarray) -> int:
         return int(np.asarray(reports).shape[0])

@@ -21,7 +21,7 @@ from protocols.longitudinal.chains import TwoStageChain, grr_chain, grr_irr_epsi
 from protocols.longitudinal.dbitflip import DBitFlipPM, DBitReports
 from protocols.longitudinal.ddrm import DDRM, CategoricalDDRM
 from protocols.longitudinal.grr import LGRR
-from protocols.longitudinal.loloha import LOLOHA, optimal_g, support_counts
+from protocols.longitudinal.loloha import LOLOHA, optimal_g
 from protocols.longitudinal.memo import LongitudinalReport, MemoTable, encode_value, memo_key, prr_generator
 from protocols.longitudinal.onebit import OneBitMeanMemo, alpha_round_index
 from protocols.longitudinal.rappor import RAPPOR, RapporReports
@@ -60,5 +60,4 @@ __all__ = [
     "prr_generator",
     "slot_pattern",
     "sue_chain",
-    "support_counts",
 ]

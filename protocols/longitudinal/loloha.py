@@ -13,7 +13,8 @@ paper's analysis applies that g = 2 expression for every g, which for g > 2 make
 ε1-LDP (safe but wasteful); the g-dependent form above is exact and is what the authors' code and
 multi-freq-ldpy use.
 
-Report = (seed, y). Server: C_v = #{users with H_seed(v) = y}; with q1' = 1/g (a random hash collides with
+Report = (seed, y). Server: C_v = #{users with H_seed(v) = y} (:func:`protocols.hashing.support_counts`, the one
+local-hashing decoder, shared with OLH/BLH); with q1' = 1/g (a random hash collides with
 probability 1/g), f̂_v = (C_v - n/g) / (n (p1 - 1/g)(p2 - q2)) — :class:`TwoStageChain` with q1 = 1/g.
 OLOLOHA picks g from the paper's closed form (the minimiser over real g of the approximate variance):
 
@@ -29,13 +30,13 @@ from typing import Any
 import numpy as np
 
 from protocols.base import check_categories, check_int
-from protocols.hashing import P, draw_seeds, hash_values
+from protocols.hashing import P, draw_seeds, hash_values, support_counts
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol, grr_fresh
 from protocols.longitudinal.chains import TwoStageChain, check_budget_pair, grr_chain, grr_irr_epsilon
 from protocols.longitudinal.grr import check_category, grr_from_uniforms
 from protocols.longitudinal.prf import prf_uniform
 
-__all__ = ["LOLOHA", "LOLOHAClient", "optimal_g", "support_counts"]
+__all__ = ["LOLOHA", "LOLOHAClient", "optimal_g"]
 
 _STREAM_KEEP, _STREAM_OTHER = 301, 302
 
@@ -56,94 +57,6 @@ def optimal_g(epsilon_inf: float, epsilon_1: float) -> int:
     num = math.sqrt(disc) - ex(2 * e_inf) + 6 * ex(e_inf) - 6 * ex(alpha * e_inf) + 1
     g = num / (6 * (ex(e_inf) - ex(alpha * e_inf)))
     return max(2, int(round(g)))
-
-
-_FLOAT_LIMIT = 1 << 20  # k and g up to 2^20 keep every float64 quantity below exact-integer limits
-
-
-def support_counts(seeds: Any, reported: Any, k: int, g: int, rows: int = 512) -> np.ndarray:
-    """C_v = #{i : h_{seed_i}(v) = y_i} for v ∈ [0, k), equal to ``(hash_matrix(seeds, k, g) == y[:, None]).sum(0)``.
-
-    The server's hot loop, in blocks of ``rows`` users that stay in cache (no per-user Python loop):
-
-    * k, g ≤ 2^20 (float64 path): x = a·v + b comes from ONE matrix product [a b]·[v; 1] and is an exact integer
-      (< 2^52); ⌊x/P⌋ and ⌊r/g⌋ use IEEE-correctly-rounded division, which is exact here because the distance of
-      x/P from an integer (≥ 1/P) exceeds half an ulp, likewise for r/g; all products and differences are exact;
-    * otherwise (uint64 path): Mersenne reduction x mod P = (x & P) + (x >> 31) then one conditional subtraction,
-      and x mod g by an exact multiply-shift (Granlund & Montgomery, PLDI 1994: ⌊x/g⌋ = ⌊x·m / 2^{31+ℓ}⌋ for
-      x < 2^31, ℓ = ⌈log2 g⌉, m = ⌈2^{31+ℓ}/g⌉, no overflow).
-    """
-    seeds = np.asarray(seeds, dtype=np.int64).ravel()
-    y = np.asarray(reported, dtype=np.int64).ravel()
-    if seeds.shape != y.shape:
-        raise ValueError("seeds and reported values must have the same length")
-    k, g = check_int(k, "k", 1), check_int(g, "g", 2)
-    if y.size and (y.min() < 0 or y.max() >= g):
-        raise ValueError(f"reported hash values must lie in [0, {g})")
-    if k > P - 1:
-        raise ValueError("domain too large for the hash family")
-    a = (seeds >> 31) % (P - 1) + 1
-    b = (seeds & P) % P
-    rows = max(1, min(rows, max(1, seeds.size)))
-    if k <= _FLOAT_LIMIT and g <= _FLOAT_LIMIT:
-        return _support_counts_float(a, b, y, k, g, rows)
-    return _support_counts_uint(a, b, y, k, g, rows)
-
-
-def _support_counts_float(a: np.ndarray, b: np.ndarray, y: np.ndarray, k: int, g: int, rows: int) -> np.ndarray:
-    coef = np.column_stack([a, b]).astype(np.float64)
-    grid = np.vstack([np.arange(k, dtype=np.float64), np.ones(k)])
-    yf = y.astype(np.float64)
-    p_f, g_f = float(P), float(g)
-    counts = np.zeros(k, dtype=np.int64)
-    x = np.empty((rows, k))
-    tmp = np.empty((rows, k))
-    mask = np.empty((rows, k), dtype=bool)
-    for start in range(0, a.size, rows):
-        r = min(rows, a.size - start)
-        xs, ts, ms = x[:r], tmp[:r], mask[:r]
-        np.dot(coef[start : start + r], grid, out=xs)  # a·v + b, exact
-        np.divide(xs, p_f, out=ts)
-        np.floor(ts, out=ts)
-        ts *= p_f
-        xs -= ts  # (a·v + b) mod P
-        np.divide(xs, g_f, out=ts)
-        np.floor(ts, out=ts)
-        ts *= g_f
-        xs -= ts  # ... mod g
-        np.equal(xs, yf[start : start + r, None], out=ms)
-        counts += ms.view(np.uint8).sum(axis=0, dtype=np.int64)
-    return counts
-
-
-def _support_counts_uint(a: np.ndarray, b: np.ndarray, y: np.ndarray, k: int, g: int, rows: int) -> np.ndarray:
-    au, bu, yu = a.astype(np.uint64), b.astype(np.uint64), y.astype(np.uint64)
-    ell = (g - 1).bit_length()
-    shift = np.uint64(31 + ell)
-    magic = np.uint64(-(-(1 << (31 + ell)) // g))
-    gu, pu, s31 = np.uint64(g), np.uint64(P), np.uint64(31)
-    items = np.arange(k, dtype=np.uint64)
-    counts = np.zeros(k, dtype=np.int64)
-    x = np.empty((rows, k), dtype=np.uint64)
-    tmp = np.empty((rows, k), dtype=np.uint64)
-    mask = np.empty((rows, k), dtype=bool)
-    for start in range(0, a.size, rows):
-        r = min(rows, a.size - start)
-        xs, ts, ms = x[:r], tmp[:r], mask[:r]
-        np.multiply(au[start : start + r, None], items[None, :], out=xs)
-        xs += bu[start : start + r, None]
-        np.right_shift(xs, s31, out=ts)
-        xs &= pu
-        xs += ts
-        np.subtract(xs, pu, out=ts)
-        np.minimum(xs, ts, out=xs)  # conditional subtraction (x - P wraps when x < P)
-        np.multiply(xs, magic, out=ts)
-        ts >>= shift
-        ts *= gu
-        xs -= ts
-        np.equal(xs, yu[start : start + r, None], out=ms)
-        counts += ms.view(np.uint8).sum(axis=0, dtype=np.int64)
-    return counts
 
 
 class LOLOHA(LongitudinalProtocol):

@@ -21,12 +21,11 @@ from protocols.frequency import (
     PublicMatrixOracle,
     clip_normalise,
     fwht,
-    lh_support_counts,
     philox4x32,
     project_simplex,
 )
 from protocols.frequency.hadamard import hadamard_entries
-from protocols.hashing import draw_seeds, hash_matrix, hash_values
+from protocols.hashing import draw_seeds, hash_matrix, hash_values, support_counts
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 RTOL = 1e-12
@@ -316,13 +315,13 @@ def test_unary_reports_are_bits_and_pack_roundtrip(rng):
 
 @pytest.mark.parametrize("g", [2, 3, 4, 7, 56])
 @pytest.mark.parametrize("chunk", [7, 97, 1 << 17])
-def test_lh_support_counts_equal_hash_matrix(g, chunk):
+def test_support_counts_walk_equals_hash_matrix(g, chunk):
     rng = np.random.default_rng(g)
     n, k = 1500, 37
     seeds = draw_seeds(n, rng)
     y = rng.integers(0, g, n)
     expected = (hash_matrix(seeds, k, g) == y[:, None]).sum(axis=0)
-    np.testing.assert_array_equal(lh_support_counts(seeds, y, k, g, chunk=chunk), expected)
+    np.testing.assert_array_equal(support_counts(seeds, y, k, g, chunk=chunk, strategy="walk"), expected)
 
 
 def test_lh_extreme_seeds_do_not_overflow():
@@ -330,7 +329,7 @@ def test_lh_extreme_seeds_do_not_overflow():
     seeds = np.array([0, 1, (1 << 62) - 1, (1 << 62) - 2, (1 << 31) - 1, 1 << 31, 3 << 60], dtype=np.int64)
     y = np.arange(seeds.size) % g
     expected = (hash_matrix(seeds, k, g) == y[:, None]).sum(axis=0)
-    np.testing.assert_array_equal(lh_support_counts(seeds, y, k, g), expected)
+    np.testing.assert_array_equal(support_counts(seeds, y, k, g), expected)
 
 
 def test_hadamard_support_counts_equal_brute_force(rng):
