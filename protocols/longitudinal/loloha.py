@@ -10,8 +10,8 @@ The IRR is GRR over [g] with ε_IRR chosen so that one report is exactly ε1-LDP
 
 which for g = 2 (BiLOLOHA) is the paper's ε_IRR = ln((e^{ε∞+ε1} - 1)/(e^{ε∞} - e^{ε1})) (SPEC §3.10). The
 paper's analysis applies that g = 2 expression for every g, which for g > 2 makes one report *less* than
-ε1-LDP (safe but wasteful); the g-dependent form above is exact and is what the authors' code and
-multi-freq-ldpy use.
+ε1-LDP (safe but wasteful); the g-dependent form above is exact. The authors' code and multi-freq-ldpy follow
+the paper (its g = 2 expression for every g): exact for BiLOLOHA, over-randomised for OLOLOHA's g > 2.
 
 Report = (seed, y). Server: C_v = #{users with H_seed(v) = y} (:func:`protocols.hashing.support_counts`, the one
 local-hashing decoder, shared with OLH/BLH); with q1' = 1/g (a random hash collides with
