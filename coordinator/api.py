@@ -342,18 +342,23 @@ def _axes(title: str, ticks: list[float], decimals: int, ylabel: str, percent: b
     return out
 
 
-def _legend(items: list[tuple[str, str]]) -> list[str]:
-    """A one-line legend under the plot: ``(svg snippet drawn in a 16×10 box at the origin, text)``."""
-    out, x = [f'<g class="legend" transform="translate(0,{H - 12})">'], float(PAD)
+def _close(out: list[str], estimate: tuple[str, str], interval_mark: str, level: float,
+           truth: tuple[str, str] | None) -> str:
+    """The chart's one-line legend under the plot — estimate, interval, and the truth when drawn; each item an svg
+    snippet drawn in a 16×10 box at the origin and its text — and the closing tag."""
+    items = [estimate, (interval_mark, f"{int(round(100 * level))}% interval")] + ([truth] if truth else [])
+    out.append(f'<g class="legend" transform="translate(0,{H - 12})">')
+    x = float(PAD)
     for mark, text in items:
         out.append(f'<g transform="translate({x:.1f},-8)">{mark}</g>')
         out.append(f'<text x="{x + 20:.1f}" y="0" font-size="10" {_FONT}>{html.escape(text)}</text>')
         x += 28 + 5.6 * len(text)
-    out.append("</g>")
-    return out
+    out += ["</g>", "</svg>"]
+    return "\n".join(out)
 
 
-_EST_MARK = '<line x1="0" y1="5" x2="16" y2="5" stroke="#08519c" stroke-width="2"/><circle cx="8" cy="5" r="3" fill="#08519c"/>'
+_EST_MARK = ('<line x1="0" y1="5" x2="16" y2="5" stroke="#08519c" stroke-width="2"/>'
+             '<circle cx="8" cy="5" r="3" fill="#08519c"/>')
 _BAND_MARK = ('<rect x="0" y="0" width="16" height="10" fill="#9ecae1" fill-opacity="0.55"/>'
               '<line x1="8" y1="0" x2="8" y2="10" stroke="#08306b"/>')
 _TRUTH_LINE = '<line x1="0" y1="5" x2="16" y2="5" stroke="#d62728" stroke-width="1.5" stroke-dasharray="5,3"/>'
@@ -400,12 +405,8 @@ def svg_band_chart(title: str, xlabels: list[str], est: list[float], lo: list[fl
         out.append(f'<circle class="est" cx="{x:.1f}" cy="{y(v):.1f}" r="3" fill="#08519c"/>')
         out.append(f'<text x="{x:.1f}" y="{H - BOTTOM + 13}" font-size="10" text-anchor="middle" '
                    f'{_FONT}>{html.escape(label)}</text>')
-    legend = [(_EST_MARK, "estimate"), (_BAND_MARK, f"{int(round(100 * level))}% interval")]
-    if truth is not None:
-        legend.append((_TRUTH_LINE, "true value"))
-    out += _legend(legend)
-    out.append("</svg>")
-    return "\n".join(out)
+    return _close(out, (_EST_MARK, "estimate"), _BAND_MARK, level,
+                  None if truth is None else (_TRUTH_LINE, "true value"))
 
 
 def svg_bar_chart(title: str, labels: list[str], est: list[float], lo: list[float], hi: list[float],
@@ -433,12 +434,8 @@ def svg_bar_chart(title: str, labels: list[str], est: list[float], lo: list[floa
         if n <= 40:
             out.append(f'<text x="{cx:.1f}" y="{H - BOTTOM + 13}" font-size="9" text-anchor="middle" '
                        f'{_FONT}>{html.escape(label[:12])}</text>')
-    legend = [(_BAR_MARK, "estimate"), (_WHISKER, f"{int(round(100 * level))}% interval")]
-    if truth is not None:
-        legend.append((_TRUTH_TICK, "true share"))
-    out += _legend(legend)
-    out.append("</svg>")
-    return "\n".join(out)
+    return _close(out, (_BAR_MARK, "estimate"), _WHISKER, level,
+                  None if truth is None else (_TRUTH_TICK, "true share"))
 
 
 def stream_charts(history: list[tuple[str, dict[str, dict[str, Any]]]],

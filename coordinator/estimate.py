@@ -249,28 +249,15 @@ def _normalised_means(spec: StreamSpec, mech: Any, reports: np.ndarray,
 
 
 def _frequency_labels(spec: StreamSpec, k: int) -> list[str]:
-    """Item names: the stream's labels; for a heavy-hitter round, each candidate prefix as bits, or — when the
-    stream names its categories — the category it has narrowed down to, or the first of the categories it still
-    covers and how many (``"United-States +15"``)."""
+    """Item names: the stream's labels; for a heavy-hitter round, each candidate prefix named by
+    :meth:`~protocols.contract.HeavyHitterSpec.prefix_name` (with the stream's categories when it names them)."""
     if spec.labels is not None and len(spec.labels) == k:
         return list(spec.labels)
     hh = spec.heavy_hitters
     if hh is not None and hh.k == k:
         width = hh.prefix_bits + hh.step_bits
-        names = spec.labels
-        out = []
-        for p in map(hh.item_prefix, range(k)):
-            if p is None:
-                out.append("other")
-                continue
-            if names is None:
-                out.append(format(p, f"0{width}b"))
-                continue
-            shift = hh.bits - width
-            covered = names[p << shift: (p + 1) << shift]
-            out.append(f"(none: {p:0{width}b})" if not covered else covered[0] if len(covered) == 1
-                       else f"{covered[0]} +{len(covered) - 1}")
-        return out
+        return ["other" if p is None else hh.prefix_name(p, width, spec.labels)
+                for p in map(hh.item_prefix, range(k))]
     return [str(i) for i in range(k)]
 
 

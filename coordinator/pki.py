@@ -156,7 +156,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ca = sub.add_parser("init-ca", help="create a private certificate authority")
     ca.add_argument("--dir", required=True, type=Path, help="directory for the CA's key and certificate")
     ca.add_argument("--name", default="haarvest CA", help="the CA's common name (default %(default)s)")
-    ca.add_argument("--overwrite", action="store_true", help="replace an existing CA (every certificate it issued stops working)")
+    ca.add_argument("--overwrite", action="store_true",
+                    help="replace an existing CA (every certificate it issued stops working)")
     ca.set_defaults(func=lambda a: print(init_ca(a.dir, a.name, overwrite=a.overwrite)))
 
     br = sub.add_parser("broker", help="issue the broker's TLS server certificate")
@@ -175,5 +176,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     ck = sub.add_parser("coordinator-key", help="create the coordinator's Ed25519 round-signing key")
     ck.add_argument("--path", required=True, type=Path, help="key file to create (mode 0600)")
-    ck.add_argument("--overwrite", action="store_true", help="replace an existing key (devices must be given the new public key)")
+    ck.add_argument("--overwrite", action="store_true",
+                    help="replace an existing key (devices must be given the new public key)")
     ck.set_defaults(func=lambda a: print(json.dumps({"coordinator_public_key": coordinator_key(a.path, a.overwrite)})))

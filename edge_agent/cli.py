@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import signal
 import sys
 import threading
@@ -112,7 +111,7 @@ def replay_warnings(cfg: Any, max_rows: int = 1_000_000) -> list[str]:
     """Scan each replay file (once, at most ``max_rows`` rows) for values the agent would clip (numeric values
     outside the declared bounds) or drop (not a number, not finite, not a category): one warning per dimension
     and file, with counts, the observed range and the first offending line."""
-    from .pipeline import _number
+    from .pipeline import InvalidRecord, check_value
     from .sources import ReplaySource
 
     out: list[str] = []
@@ -122,7 +121,7 @@ def replay_warnings(cfg: Any, max_rows: int = 1_000_000) -> list[str]:
         src = ReplaySource(sc.path, format=sc.format, time_column=sc.time_column, device_column=sc.device_column,
                            device=cfg.device_id if sc.device_column else None)
         outside: dict[str, list[Any]] = {}  # name -> [count, first line, min, max]
-        invalid: dict[str, list[Any]] = {}  # name -> [count, first line, first value]
+        invalid: dict[str, list[Any]] = {}  # name -> [count, first line, first value shown]
         rows = 0
         while rows < max_rows:
             reading = src.read()
@@ -130,20 +129,14 @@ def replay_warnings(cfg: Any, max_rows: int = 1_000_000) -> list[str]:
                 break
             rows += 1
             for d in cfg.dimensions:
-                if d.field not in reading or reading[d.field] is None:
+                if reading.get(d.field) is None:
                     continue
-                raw = reading[d.field]
-                if d.kind == "categorical":
-                    ok = (raw in d.categories) if isinstance(raw, str) and d.categories is not None else (
-                        (x := _number(raw)) is not None and math.isfinite(x) and x == int(x)
-                        and 0 <= int(x) < d.domain_size)
-                    if not ok:
-                        invalid.setdefault(d.name, [0, src.line, raw])[0] += 1
+                try:
+                    x = check_value(d, reading[d.field])  # the agent's own rule
+                except InvalidRecord as exc:
+                    invalid.setdefault(d.name, [0, src.line, exc.shown_value()])[0] += 1
                     continue
-                x = _number(raw)
-                if x is None or not math.isfinite(x):
-                    invalid.setdefault(d.name, [0, src.line, raw])[0] += 1
-                elif not d.lo <= x <= d.hi:
+                if d.kind == "numeric" and not d.lo <= x <= d.hi:
                     rec = outside.setdefault(d.name, [0, src.line, x, x])
                     rec[0] += 1
                     rec[2], rec[3] = min(rec[2], x), max(rec[3], x)
@@ -151,8 +144,7 @@ def replay_warnings(cfg: Any, max_rows: int = 1_000_000) -> list[str]:
             d = cfg.dimension(name)
             out.append(f"{sc.path}: {name}: {n} of {rows} values outside its bounds [{d.lo:g}, {d.hi:g}] (seen "
                        f"{lo:g} to {hi:g}; first at line {line}): the agent clips them")
-        for name, (n, line, value) in invalid.items():
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        for name, (n, line, shown) in invalid.items():
             out.append(f"{sc.path}: {name}: {n} of {rows} values are not valid (first at line {line}: {shown}): "
                        "the agent drops those records")
     return out

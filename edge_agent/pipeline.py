@@ -73,6 +73,7 @@ from .config import AgentConfig, ConfigError, DimensionConfig, StreamConfig
 
 __all__ = [
     "InvalidRecord",
+    "check_value",
     "Record",
     "StreamPlan",
     "PreparedReport",
@@ -108,10 +109,10 @@ class InvalidRecord(ValueError):
     """A reading that cannot be reported. ``reason``: missing | wrong_type | not_finite | out_of_domain.
 
     The message names the dimension and the reason only, never a value. ``value`` holds the offending value: the
-    agent's log describes it by kind (:meth:`described_value`: "text of 16 characters", "a non-finite
-    number", "an integer outside [0, 3)") beside the source line, so the operator can find it in the source; the value itself appears
-    only with ``privacy.log_invalid_values = true`` (:meth:`shown_value`) — it may be a real reading, and a log can
-    leave the device. Valid readings never reach a log."""
+    agent's log describes it by kind (:meth:`described_value`: "text of 16 characters", "a non-finite number",
+    "an integer outside [0, 3)") beside the source line, so the operator can find it in the source; the value
+    itself appears only with ``privacy.log_invalid_values = true`` (:meth:`shown_value`) — it may be a real
+    reading, and a log can leave the device. Valid readings never reach a log."""
 
     def __init__(self, reason: str, dimension: str, detail: str = "", value: Any = None, domain: str = "") -> None:
         super().__init__(f"dimension {dimension!r}: {reason}" + (f" ({detail})" if detail else ""))
@@ -712,6 +713,32 @@ def _number(value: Any) -> float | None:
     return None
 
 
+def check_value(d: DimensionConfig, raw: Any) -> float | int:
+    """One dimension's value of a reading, checked: a finite real number (numeric; unclipped), or a category index
+    in [0, k) or one of the configured labels (categorical, returned as its index); else :class:`InvalidRecord`."""
+    if d.kind == "numeric":
+        x = _number(raw)
+        if x is None:
+            raise InvalidRecord("wrong_type", d.name, f"expected a number, got {type(raw).__name__}", raw)
+        if not math.isfinite(x):
+            raise InvalidRecord("not_finite", d.name, "not a finite number", raw)
+        return x
+    k = d.domain_size
+    if isinstance(raw, str) and d.categories is not None:
+        if raw not in d.categories:
+            raise InvalidRecord("out_of_domain", d.name, "the label is not one of the categories", raw)
+        return d.categories.index(raw)
+    x = _number(raw)
+    if x is None:
+        raise InvalidRecord("wrong_type", d.name, f"expected a category index, got {type(raw).__name__}", raw)
+    if not math.isfinite(x) or x != int(x):
+        raise InvalidRecord("wrong_type" if math.isfinite(x) else "not_finite", d.name,
+                            "not an integer category index", raw)
+    if not 0 <= int(x) < k:
+        raise InvalidRecord("out_of_domain", d.name, f"the category index is not in [0, {k})", raw, f"[0, {k})")
+    return int(x)
+
+
 class Pipeline:
     """The device-side pipeline for one agent configuration (see the module docstring).
 
@@ -762,32 +789,7 @@ class Pipeline:
         for d in self.dimensions:
             if d.field not in reading or reading[d.field] is None:
                 raise InvalidRecord("missing", d.name, f"field {d.field!r} not in reading")
-            raw = reading[d.field]
-            if d.kind == "numeric":
-                x = _number(raw)
-                if x is None:
-                    raise InvalidRecord("wrong_type", d.name, f"expected a number, got {type(raw).__name__}", raw)
-                if not math.isfinite(x):
-                    raise InvalidRecord("not_finite", d.name, "not a finite number", raw)
-                out[d.name] = x
-            else:
-                k = d.domain_size
-                if isinstance(raw, str) and d.categories is not None:
-                    if raw not in d.categories:
-                        raise InvalidRecord("out_of_domain", d.name, "the label is not one of the categories", raw)
-                    out[d.name] = d.categories.index(raw)
-                    continue
-                x = _number(raw)
-                if x is None:
-                    raise InvalidRecord("wrong_type", d.name, f"expected a category index, got {type(raw).__name__}",
-                                        raw)
-                if not math.isfinite(x) or x != int(x):
-                    raise InvalidRecord("wrong_type" if math.isfinite(x) else "not_finite", d.name,
-                                        "not an integer category index", raw)
-                if not 0 <= int(x) < k:
-                    raise InvalidRecord("out_of_domain", d.name, f"the category index is not in [0, {k})", raw,
-                                        f"[0, {k})")
-                out[d.name] = int(x)
+            out[d.name] = check_value(d, reading[d.field])
         return out
 
     def observe(self, reading: Mapping[str, Any]) -> Record:

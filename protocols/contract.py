@@ -140,6 +140,17 @@ class HeavyHitterSpec(_Model):
     def k(self) -> int:
         return len(self.candidates) * (1 << self.step_bits) + 1
 
+    def prefix_name(self, prefix: int, width: int, names: list[str] | None) -> str:
+        """How to show a ``width``-bit prefix: its bits; with the stream's category ``names``, the category it has
+        narrowed down to, or the first it still covers and how many more (``"United-States +15"``)."""
+        if names is None:
+            return format(prefix, f"0{width}b")
+        shift = self.bits - width
+        covered = names[prefix << shift: (prefix + 1) << shift]
+        if not covered:
+            return f"(none: {prefix:0{width}b})"
+        return covered[0] if len(covered) == 1 else f"{covered[0]} +{len(covered) - 1}"
+
     def item_prefix(self, item: int) -> int | None:
         """The (prefix_bits + step_bits)-bit prefix an item stands for; None for the catch-all item."""
         if item == self.k - 1:

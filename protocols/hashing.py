@@ -73,10 +73,11 @@ def support_counts(seeds: Any, reported: Any, k: int, g: int, *, strategy: str =
     Security 2017) and LOLOHA (:mod:`protocols.longitudinal.loloha`, Arcolezi et al., EDBT 2023). Equals
     ``(hash_matrix(seeds, k, g) == y[:, None]).sum(axis=0)`` without materialising the (n, k) matrix.
 
-    ``strategy``: ``"walk"`` — the residues r_v = (a·v + b) mod P obey r_0 = b and r_{v+1} = r_v + a − P·[r_v + a ≥ P],
-    so the items are walked once with a few uint32 operations per item over all users (chunks of ``chunk``);
-    ``"blocks"`` — blocks of ``rows`` users × all items (:func:`_blocks_counts`); ``"auto"`` — the walk from
-    :data:`WALK_MIN_USERS` users on (g < 2^32), else blocks. ValueError on mismatched lengths or y outside [0, g).
+    ``strategy``: ``"walk"`` — the residues r_v = (a·v + b) mod P obey r_0 = b and
+    r_{v+1} = r_v + a − P·[r_v + a ≥ P], so the items are walked once with a few uint32 operations per item over
+    all users (chunks of ``chunk``; g < 2^32); ``"blocks"`` — blocks of ``rows`` users × all items
+    (:func:`_blocks_counts`); ``"auto"`` — the walk from :data:`WALK_MIN_USERS` users on (g < 2^32), else blocks.
+    ValueError on mismatched lengths, y outside [0, g), or a walk with g ≥ 2^32.
     """
     seeds = np.asarray(seeds, dtype=np.int64).ravel()
     y = np.asarray(reported, dtype=np.int64).ravel()
@@ -89,7 +90,9 @@ def support_counts(seeds: Any, reported: Any, k: int, g: int, *, strategy: str =
         raise ValueError("domain too large for the hash family")
     if strategy not in ("auto", "walk", "blocks"):
         raise ValueError(f"strategy must be auto, walk or blocks, got {strategy!r}")
-    if strategy == "walk" or (strategy == "auto" and seeds.size >= WALK_MIN_USERS and g < (1 << 32)):
+    if strategy == "walk" and g >= 1 << 32:
+        raise ValueError("the residue walk works in uint32: it needs g < 2^32 (use strategy='blocks')")
+    if strategy == "walk" or (strategy == "auto" and seeds.size >= WALK_MIN_USERS and g < 1 << 32):
         return _walk_counts(seeds, y, k, g, max(1, int(chunk)))
     a, b = coefficients(seeds)
     return _blocks_counts(a, b, y, k, g, rows)

@@ -16,10 +16,11 @@ generic estimator ``f̂_v = (C_v/n - 1/g)/(p - 1/g)`` is unbiased with per-user 
 family over P = 2^31-1 makes q* = 1/g only up to O(1/P) ≈ 5·10^-10, far below any sampling error.)
 
 Fast support counts (:func:`protocols.hashing.support_counts`, shared with LOLOHA): with
-``h_s(v) = ((a·v + b) mod P) mod g`` the residues ``r_v = (a·v + b) mod P`` satisfy ``r_0 = b`` and ``r_{v+1} = r_v + a - P·[r_v + a ≥ P]``, so the decoder walks the
-k items once, updating all users' residues with a handful of uint32 numpy operations per item (``min(r, r - P)``
-with wrap-around implements the conditional subtraction; ``mod g`` is a bit mask when g is a power of two and a
-libdivide-backed floor division otherwise) and counts matches with ``count_nonzero``. No (user, item) hash is
+``h_s(v) = ((a·v + b) mod P) mod g`` the residues ``r_v = (a·v + b) mod P`` satisfy ``r_0 = b`` and
+``r_{v+1} = r_v + a - P·[r_v + a ≥ P]``, so the decoder walks the k items once, updating all users' residues
+with a handful of uint32 numpy operations per item (``min(r, r - P)`` with wrap-around implements the
+conditional subtraction; ``mod g`` is a bit mask when g is a power of two and a libdivide-backed floor division
+otherwise) and counts matches with ``count_nonzero``. No (user, item) hash is
 computed from scratch, there is no per-user Python loop, and memory is O(chunk) — a few MiB — not O(n·k).
 """
 

@@ -289,3 +289,9 @@ def test_simulate_rounds_can_estimate_only_the_rounds_wanted():
     np.testing.assert_array_equal(some.charges, every.charges)  # every round still privatized and charged
     with pytest.raises(ValueError, match="outside"):
         proto.simulate_rounds(values, np.random.default_rng(7), estimate=[5])
+
+
+def test_the_residue_walk_refuses_a_hash_range_beyond_uint32():
+    with pytest.raises(ValueError, match="2\\^32"):
+        support_counts([1, 2], [0, 1], 10, 1 << 32, strategy="walk")
+    assert support_counts([1, 2], [0, 1], 10, 1 << 32).shape == (10,)  # auto: blocks
