@@ -339,11 +339,7 @@ def _prefixes(hh: Any) -> str:
     if not hh.prefix_bits:
         return "every country (the first step)"
     names = _codebook()["native_country"]["labels"]
-    shift = hh.bits - hh.prefix_bits
-    parts = []
-    for c in hh.candidates:
-        covered = names[c << shift: (c + 1) << shift]
-        parts.append(f"{c:0{hh.prefix_bits}b}… ({covered[0]}" + (f" +{len(covered) - 1})" if len(covered) > 1 else ")"))
+    parts = [f"{c:0{hh.prefix_bits}b}… ({hh.prefix_name(c, hh.prefix_bits, names)})" for c in hh.candidates]
     return "prefixes " + ", ".join(parts)
 
 
@@ -597,8 +593,8 @@ def memo_note(memo_hits: int, repeated: list[str], agents: int) -> str:
                 "when a value changes (docs/agent.md, 'Privacy units').")
     note = ("no report was re-sent from a memo: every report is a fresh randomization (privacy unit 'device'), so "
             "estimates of quantities that did not change (age, sex, country) move by the noise their intervals show")
-    if repeated:
-        note += (f"; {', '.join(repeated)} equalled the previous round's estimate only because as many of the "
+    if repeated:  # a line of its own: the sentence above reads the same in every run
+        note += (f".\n{', '.join(repeated)} equalled the previous round's estimate only because as many of the "
                  f"{agents} devices reported each item (a frequency estimate is a count: small fleets repeat one "
                  "by chance)")
     return note + "."
