@@ -10,12 +10,13 @@ Two report-key algorithms, chosen per device at enrolment (the coordinator's reg
 device's reports are checked with, so there is no algorithm negotiation on the wire):
 
 * ``ed25519`` (default) — an Ed25519 signature (RFC 8032). The registry holds only the public key; nobody but the
-  device can produce its reports. Verifying costs ≈ 120 µs of CPU per report on a 2-core x86 host.
+  device can produce its reports. Verifying is the dearer of the two (the per-report CPU of each is measured in the
+  "Coordinator ingest" section of ``make bench``).
 * ``hmac-sha256`` — an HMAC-SHA256 tag (RFC 2104) under a 32-byte secret the device creates at enrolment and the
-  coordinator's registry stores (``hmac-sha256:<base64>``). Verifying costs ≈ 2 µs, which is what lets one host
-  ingest a large fleet at broker speed; the price is that the registry is a secret (whoever reads it can forge that
-  device's reports, though not publish them without the device's broker credentials), and that the coordinator
-  could forge them too (no non-repudiation). The key is separate from the device's memo HMAC secret, which never
+  coordinator's registry stores (``hmac-sha256:<base64>``). Verifying is much cheaper than an Ed25519 signature,
+  which is what lets one host ingest a large fleet at broker speed; the price is that the registry is a secret
+  (whoever reads it can forge that device's reports, though not publish them without the device's broker
+  credentials), and that the coordinator could forge them too (no non-repudiation). The key is separate from the device's memo HMAC secret, which never
   leaves the device.
 """
 
