@@ -16,8 +16,8 @@ device's reports are checked with, so there is no algorithm negotiation on the w
   coordinator's registry stores (``hmac-sha256:<base64>``). Verifying is much cheaper than an Ed25519 signature,
   which is what lets one host ingest a large fleet at broker speed; the price is that the registry is a secret
   (whoever reads it can forge that device's reports, though not publish them without the device's broker
-  credentials), and that the coordinator could forge them too (no non-repudiation). The key is separate from the device's memo HMAC secret, which never
-  leaves the device.
+  credentials), and that the coordinator could forge them too (no non-repudiation). The key is separate from the
+  device's memo HMAC secret, which never leaves the device.
 """
 
 from __future__ import annotations
