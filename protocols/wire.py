@@ -436,7 +436,7 @@ def verify_report(report: Report, topic: str, key: VerifyKey, payload: bytes | N
     device's registered key (Ed25519 public key or HMAC key).
 
     ``payload`` — the bytes ``report`` was decoded from — lets the ingest path skip re-encoding the canonical JSON
-    (≈ 8 % of the coordinator's CPU per report): the bytes a device sends (:func:`signed_report_bytes`) *are* the
+    (a share of the coordinator's CPU per report): the bytes a device sends (:func:`signed_report_bytes`) *are* the
     signed canonical JSON with ``,"sig":"<sig>",`` spliced in, so the signature is first checked over the payload
     with that one splice cut back to ``,``. This accepts exactly what the canonical check accepts. If the check
     passes, the device signed the cut text ``T`` (the signatures are unforgeable and devices sign only canonical
