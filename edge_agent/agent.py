@@ -33,6 +33,7 @@ from .config import AgentConfig, Secrets, load_secrets
 from .ledger_guard import check_ledger, write_mark
 from .ledger_guard import compare as compare_ledger
 from .pipeline import InvalidRecord, Pipeline, PreparedReport, Record
+from .rounds import RoundCheck, RoundStatus, answer_round
 from .sources import build_sources, source_position
 from .state import Commit, Refused, ReportRequest, State
 from .systemd import Notifier
@@ -397,76 +398,15 @@ class Agent:
     # --- rounds -------------------------------------------------------------------------------------------
 
     def handle_round(self, payload: bytes) -> ReportOutcome | None:
-        """A round config from the coordinator: decode, verify, clamp/refuse ε, answer once per round id.
+        """A round config from the coordinator (the retained ``rounds/current``): the outcome of
+        :func:`edge_agent.rounds.answer_round` — the one path MQTT and Flower rounds share — or None when the
+        round was not answered (its status is counted and logged there)."""
+        return self.answer_round(payload)[1]
 
-        An empty payload is how the coordinator clears the retained ``rounds/current`` when it closes the last open
-        round (MQTT deletes a retained message with a zero-length one): it means "no open round" — nothing to
-        answer, not a malformed config (counted in memory as ``rounds.cleared``, not persisted)."""
-        state, _ = self._require()
-        if not payload:
-            self.stats["rounds.cleared"] += 1
-            log.info("no open round", extra={"event": "rounds_cleared"})
-            return None
-        try:
-            rc = wire.decode_round(payload)
-        except wire.WireError as exc:
-            self._count("rounds.malformed")
-            log.warning("round config rejected", extra={"event": "round_rejected", "reason": exc.reason})
-            return None
-        if self.coordinator_key is None:
-            self._count("rounds.no_coordinator_key")
-            log.warning("round ignored: no coordinator key configured", extra={"event": "round_rejected",
-                                                                                "round_id": rc.round_id})
-            return None
-        try:
-            wire.verify_round(rc, self.coordinator_key)
-        except wire.WireError as exc:
-            self._count("rounds.bad_signature")
-            log.warning("round config rejected", extra={"event": "round_rejected", "round_id": rc.round_id,
-                                                        "reason": exc.reason})
-            return None
-        if state.round_seen(rc.round_id) is not None:
-            return None  # retained config redelivered on reconnect: answered (or refused) already
-        now = self.clock()
-        if rc.not_after is not None and now > rc.not_after:
-            state.record_round(rc.round_id, "expired")
-            self._count("rounds.expired")
-            return None
-        epsilon = rc.epsilon
-        max_eps = self.config.privacy.max_round_epsilon
-        if epsilon > max_eps:
-            if self.config.privacy.round_policy == "refuse":
-                state.record_round(rc.round_id, "refused", f"epsilon {epsilon} > max {max_eps}")
-                self._count("rounds.refused_epsilon")
-                log.warning("round refused: epsilon above the device maximum",
-                            extra={"event": "round_refused", "round_id": rc.round_id, "epsilon": epsilon,
-                                   "max_round_epsilon": max_eps})
-                return None
-            self._count("rounds.clamped")
-            log.info("round epsilon clamped to the device maximum",
-                     extra={"event": "round_clamped", "round_id": rc.round_id, "epsilon": epsilon,
-                            "max_round_epsilon": max_eps})
-            epsilon = max_eps
-        try:
-            answer = self.pipeline.round_plans(rc.params)  # type: ignore[union-attr]
-        except ValueError as exc:
-            state.record_round(rc.round_id, "refused", str(exc))
-            self._count("rounds.malformed")
-            return None
-        for name, reason in answer.refused:
-            self._count("rounds.stream_refused")
-            self._count(f"rounds.stream_refused.{reason}")
-            log.warning("round stream refused", extra={"event": "round_stream_refused", "round_id": rc.round_id,
-                                                       "stream": name, "reason": reason})
-        if answer.unknown:
-            log.info("round asks for streams this device does not have",
-                     extra={"event": "round_unknown_streams", "round_id": rc.round_id, "streams": answer.unknown})
-        # recorded in the reports' transaction: a crash mid-round never answers the same round twice
-        outcome = self.report(rc.round_id, streams=answer.streams, round_cap=epsilon, plans=answer.plans,
-                              round_status=("answered", ""))
-        outcome.refused.extend((name, f"spec_{reason}") for name, reason in answer.refused)
-        self._count("rounds.answered")
-        return outcome
+    def answer_round(self, payload: bytes, now: float | None = None,
+                     check: RoundCheck | None = None) -> tuple[RoundStatus, ReportOutcome | None]:
+        """``(status, outcome)`` of answering signed round bytes (:func:`edge_agent.rounds.answer_round`)."""
+        return answer_round(self, payload, now=now, check=check)
 
     def stream_specs(self) -> dict[str, dict[str, Any]]:
         """``{stream: StreamSpec}`` (JSON-ready, :mod:`protocols.contract`) a round must send for this device to

@@ -14,7 +14,8 @@ privacy changes with the transport:
   (:meth:`edge_agent.pipeline.Pipeline.round_plans`, :func:`edge_agent.pipeline.plan_for_spec`): the round's
   dims, bounds and labels must be the device's, its mechanism must fit the stream and stay within the device's ε
   (and δ), its rounding steps must be the device's nested grid steps; Haar and longitudinal streams are answered
-  like any other. A refused stream is skipped (``mismatch_<reason>``), the others are answered;
+  like any other. A refused stream is skipped (``spec_<reason>``), the others are answered — the
+  same path as MQTT rounds (:func:`edge_agent.rounds.answer_round`: same refusals, same counters);
 * replies carry the signed report payloads (topic + bytes) from the device's outbox; the coordinator validates
   them with the same :class:`coordinator.validate.Validator` as MQTT reports.
 
@@ -39,26 +40,22 @@ config key ``agent-config`` (one or more agent TOML paths separated by ``,``; ``
 Many devices per process (a gateway, a simulation host): agents are built once per process and stay open
 (:data:`OPEN_AGENTS`; the descriptor limit is raised where allowed, 3 descriptors per open database); beyond the
 capacity an agent keeps its pipeline and in-memory state and only its database connection is closed between
-rounds. A shard decodes and verifies each round configuration once per coordinator key (:class:`RoundCheck`) —
-the same check every device would make on the same bytes.
+rounds. A shard decodes and verifies each round configuration once per coordinator key
+(:class:`edge_agent.rounds.RoundCheck`) — the same check every device would make on the same bytes.
 """
 
 from __future__ import annotations
 
 import logging
 import resource
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-from protocols.contract import StreamSpec
-from protocols import wire
-
-from .agent import Agent, ReportOutcome
+from .agent import Agent
+from .rounds import RoundCheck
 from .config import AgentConfig, load_config, load_secrets
 from .state import State
 
@@ -69,8 +66,6 @@ __all__ = [
     "DeviceSpec",
     "DeviceShard",
     "ShardAnswer",
-    "RoundCheck",
-    "answer_round",
     "raise_fd_limit",
     "make_client_app",
     "app",
@@ -83,127 +78,6 @@ ROUND_MESSAGE = "query.round"
 ANNOUNCE_MESSAGE = "query.announce"
 #: the RecordDict key of haarvest's ConfigRecord in requests and replies.
 RECORD_KEY = "haarvest"
-
-
-# --- one device, one round -----------------------------------------------------------------------------------
-
-
-def _prevalidated(params: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``params`` with each stream spec of a ``{stream: StreamSpec}`` mapping validated once (a spec that does not
-    validate is left as it is: the device refuses it as before). :meth:`Pipeline.plan_for` skips the validation of
-    an already validated spec, so every device of a shard answers from the same validated specs."""
-    streams = params.get("streams") if isinstance(params, Mapping) else None
-    if not isinstance(streams, Mapping):
-        return params
-    out: dict[str, Any] = {}
-    for name, spec in streams.items():
-        if isinstance(spec, Mapping) and not isinstance(spec, StreamSpec):
-            try:
-                spec = StreamSpec.model_validate(dict(spec))
-            except (ValueError, TypeError):
-                pass
-        out[name] = spec
-    return {**params, "streams": out}
-
-
-class RoundCheck:
-    """Decodes a signed round configuration and verifies its signature against a coordinator key — each distinct
-    (key, payload) once (a shard's devices verify the same bytes against the same provisioned key: Ed25519
-    verification is a deterministic function of key, message and signature, so one check stands for all of them).
-
-    Calling it returns ``(status, config, params)``: status ``ok`` (config verified; params = ``config.params`` with
-    the stream specs validated once, :func:`_prevalidated`), or ``malformed`` / ``no_coordinator_key`` /
-    ``bad_signature`` with config and params None. ``memo=False`` checks every call afresh.
-    """
-
-    def __init__(self, memo: bool = True, size: int = 8) -> None:
-        self.memo = memo
-        self.size = int(size)
-        self._seen: OrderedDict[tuple[bytes, bytes], tuple[str, wire.RoundConfig | None, Any]] = OrderedDict()
-        self.verified = 0
-
-    def __call__(self, payload: bytes, key: Ed25519PublicKey | None) -> tuple[str, wire.RoundConfig | None, Any]:
-        memo_key = (key.public_bytes_raw() if key is not None else b"", bytes(payload)) if self.memo else None
-        if memo_key is not None:
-            hit = self._seen.get(memo_key)
-            if hit is not None:
-                return hit
-        result = self._check(payload, key)
-        if memo_key is not None:
-            self._seen[memo_key] = result
-            while len(self._seen) > self.size:
-                self._seen.popitem(last=False)
-        return result
-
-    def _check(self, payload: bytes, key: Ed25519PublicKey | None) -> tuple[str, wire.RoundConfig | None, Any]:
-        try:
-            rc = wire.decode_round(payload)
-        except wire.WireError as exc:
-            log.warning("round config rejected", extra={"event": "round_rejected", "reason": exc.reason})
-            return "malformed", None, None
-        if key is None:
-            return "no_coordinator_key", None, None
-        self.verified += 1
-        try:
-            wire.verify_round(rc, key)
-        except wire.WireError as exc:
-            log.warning("round config rejected", extra={"event": "round_rejected", "round_id": rc.round_id,
-                                                        "reason": exc.reason})
-            return "bad_signature", None, None
-        return "ok", rc, _prevalidated(rc.params) if self.memo else rc.params
-
-
-def answer_round(agent: Agent, payload: bytes, now: float | None = None,
-                 check: RoundCheck | None = None) -> tuple[str, ReportOutcome | None]:
-    """Verify a signed round configuration and answer it through the agent's pipeline and ledger.
-
-    Returns ``(status, outcome)`` with status ``answered`` (outcome holds the commits), or one of ``malformed``,
-    ``no_coordinator_key``, ``bad_signature``, ``seen`` (already answered or refused: a round is answered at most
-    once, across reboots), ``expired``, ``refused_epsilon`` (ε above the device maximum with ``round_policy =
-    "refuse"``), ``no_streams`` (nothing this device can answer). The same checks as
-    :meth:`edge_agent.agent.Agent.handle_round`, and the same stream contract
-    (:meth:`edge_agent.pipeline.Pipeline.round_plans`): streams the device refuses are skipped as
-    ``mismatch_<reason>`` (``unknown`` for streams it does not have), the others answered with the round's plans.
-    ``check``: the decoder/verifier (a shard shares one :class:`RoundCheck`; default: a fresh check).
-    """
-    state = agent.state
-    if state is None or agent.pipeline is None:
-        raise RuntimeError("agent is not open (call open())")
-    status, rc, params = (check or RoundCheck(memo=False))(payload, agent.coordinator_key)
-    if rc is None:
-        return status, None
-    if state.round_seen(rc.round_id) is not None:
-        return "seen", None
-    now = agent.clock() if now is None else now
-    if rc.not_after is not None and now > rc.not_after:
-        state.record_round(rc.round_id, "expired")
-        return "expired", None
-    epsilon = rc.epsilon
-    max_eps = agent.config.privacy.max_round_epsilon
-    clamped = False
-    if epsilon > max_eps:
-        if agent.config.privacy.round_policy == "refuse":
-            state.record_round(rc.round_id, "refused", f"epsilon {epsilon} > max {max_eps}")
-            return "refused_epsilon", None
-        epsilon, clamped = max_eps, True
-    try:
-        answer = agent.pipeline.round_plans(params)  # the device/coordinator contract, as for MQTT rounds
-    except ValueError as exc:
-        state.record_round(rc.round_id, "refused", str(exc))
-        return "malformed", None
-    streams = answer.streams
-    skipped = list(answer.refused) + [(name, "unknown") for name in answer.unknown]
-    if skipped:
-        log.info("round streams skipped", extra={"event": "round_streams_skipped", "round_id": rc.round_id,
-                                                 "skipped": skipped})
-    if streams is not None and not streams:
-        state.record_round(rc.round_id, "refused", f"no answerable streams: {skipped}")
-        return "no_streams", None
-    # recorded in the reports' transaction: a crash mid-round never answers the same round twice
-    outcome = agent.report(rc.round_id, streams=streams, round_cap=epsilon, plans=answer.plans,
-                           round_status=("answered", "clamped" if clamped else ""))
-    outcome.refused.extend((s, f"mismatch_{why}") for s, why in skipped)
-    return ("answered_clamped" if clamped else "answered"), outcome
 
 
 # --- a shard of devices --------------------------------------------------------------------------------------
@@ -398,7 +272,7 @@ class DeviceShard:
         check = RoundCheck()
         for spec in self.devices:
             agent = OPEN_AGENTS.get(spec)
-            status, outcome = answer_round(agent, round_payload, check=check)
+            status, outcome = agent.answer_round(round_payload, check=check)
             out.counters[f"status.{status}"] += 1
             if outcome is not None:
                 out.counters["charged_reports"] += sum(1 for c in outcome.commits if not c.memo_hit)

@@ -21,11 +21,10 @@ from edge_agent.flower_app import (  # noqa: E402
     OPEN_AGENTS,
     DeviceShard,
     DeviceSpec,
-    RoundCheck,
-    answer_round,
     make_client_app,
     raise_fd_limit,
 )
+from edge_agent.rounds import RoundCheck, answer_round  # noqa: E402
 from edge_agent.sources import IterableSource  # noqa: E402
 from protocols import wire  # noqa: E402
 from simulations.flower_sim import SimFleetSpec, SimHostFactory, device_config, round_params  # noqa: E402
@@ -111,11 +110,12 @@ def test_device_skips_streams_it_would_misreport(fast_path):
         assert status == "answered"
         assert [c.topic for c in outcome.commits] == [wire.report_topic(agent.config.device_id)]
         assert wire.decode_report(outcome.commits[0].payload).mechanism == "grr"
-        assert sorted(outcome.refused) == [("age", "mismatch_epsilon"), ("syn", "mismatch_mechanism")]
+        assert sorted(outcome.refused) == [("age", "spec_epsilon"), ("syn", "spec_mechanism")]
         assert agent.state.spent() == pytest.approx(1.0)
         bounds = round_params(_spec(fast_path, key))
         bounds["streams"] = {"age": {**bounds["streams"]["age"], "bounds": [[0.0, 100.0]]}}
-        assert answer_round(agent, _round(key, "r2", params=bounds)) == ("no_streams", None)
+        status, outcome = answer_round(agent, _round(key, "r2", params=bounds))
+        assert status == "no_streams" and not outcome.commits and outcome.refused == [("age", "spec_bounds")]
     finally:
         agent.close()
 

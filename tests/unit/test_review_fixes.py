@@ -424,7 +424,7 @@ def test_bodies_are_stacked_by_one_parse_and_match_row_by_row_decoding(monkeypat
 
 
 def test_flower_answer_round_uses_the_pipeline_contract(tmp_path):
-    from edge_agent.flower_app import answer_round
+    from edge_agent.rounds import answer_round
 
     dims = [numeric("a", 0, 10), numeric("b", 0, 10), numeric("load", 0, 100)]
     streams = [{"name": "rec", "dimensions": ["a", "b"], "mechanism": "haar", "epsilon": 1.0,
@@ -440,5 +440,5 @@ def test_flower_answer_round_uses_the_pipeline_contract(tmp_path):
     assert bodies["load"] is not None
     specs["load"]["rounding"] = [None]  # the exact value of a rounded dimension: refused like over MQTT
     status, out = answer_round(a, _round("r2", {"streams": specs}))
-    assert status == "answered" and out.refused == [("load", "mismatch_rounding")]
+    assert status == "answered" and out.refused == [("load", "spec_rounding")]
     a.close()
