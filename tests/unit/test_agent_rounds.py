@@ -111,3 +111,27 @@ def test_coordinator_stream_specs_are_followed_within_the_device_budget(tmp_path
     out2 = a.handle_round(_round("spec2", eps=2.0, params={"streams": bad}))
     assert not out2.commits
     a.close()
+
+
+def test_mqtt_and_flower_rounds_take_one_path(tmp_path):
+    """The MQTT agent (handle_round) and the Flower shard (answer_round) answer through edge_agent.rounds:
+    the same refusals (spec_<reason>, unknown streams included), statuses and persisted counters."""
+    from edge_agent.rounds import RoundCheck, answer_round
+
+    specs = {"mode": {"kind": "frequency", "mechanism": "oue", "params": {"epsilon": 1.0, "k": 4},
+                      "dims": ["mode"]},
+             "other": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 1.0}}}
+    mqtt, flower = _agent(tmp_path / "m"), _agent(tmp_path / "f")
+    out_m = mqtt.handle_round(_round("r", params={"streams": specs}))
+    status, out_f = answer_round(flower, _round("r", params={"streams": specs}), check=RoundCheck())
+    assert status == "no_streams"
+    assert sorted(out_m.refused) == sorted(out_f.refused) == [("mode", "spec_shape"), ("other", "spec_unknown")]
+    assert not out_m.commits and not out_f.commits
+    assert mqtt.state.round_seen("r") == flower.state.round_seen("r") == "refused"
+    for a in (mqtt, flower):
+        a._flush_counters()
+    assert mqtt.state.counters() == flower.state.counters()
+    assert mqtt.state.counters()["rounds.stream_refused.unknown"] == 1
+    assert mqtt.state.counters()["rounds.no_streams"] == 1
+    mqtt.close()
+    flower.close()
