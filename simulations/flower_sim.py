@@ -29,11 +29,17 @@ in-process); device state lives in ``workdir`` (by default a fresh directory und
 agents commit every report with ``synchronous=FULL``). A host keeps as many device databases open as fit half the
 available memory (:func:`default_max_open`) and reattaches the others' databases for each round.
 
-**Cost model** (2 cores, measured in the shard hosts of a 10,000-device run; the rounds are CPU-bound): a device
-round costs ~0.75 ms of CPU in the agent in the steady state (~1.25 ms when every stream charges: three
-privatizations, ledger and memo rows, and each database's first compilation of its SQL statements), one SQLite
-commit; plus, on the coordinator, ~0.12 ms with HMAC-SHA256 report keys (``signature="hmac-sha256"``) or ~0.45 ms
-with Ed25519 (three verifications of ~120 µs); a round takes at least their sum times the devices over the cores.
+**Cost model** (the rounds are CPU-bound): a device round costs the agent's CPU (privatizations, ledger and memo
+rows, more when every stream charges and on each database's first compilation of its SQL statements) and one SQLite
+commit; the coordinator adds one report verification per stream (far cheaper with HMAC-SHA256 report keys,
+``signature="hmac-sha256"``, than with Ed25519) plus validation and storage; a round takes at least their sum times
+the devices over the cores. The CPU seconds of each round, the devices' and the coordinator's, are measured by
+:func:`run_flower_simulation` (:attr:`FlowerSimResult.extra` and the round summaries) and reported in the "Flower
+simulation" section of ``make bench``.
+
+**Environment.** Importing this module changes nothing; :func:`configure_environment` (called by
+:func:`run_flower_simulation` before Ray and Flower are imported) sets :data:`SIM_ENV` and :data:`THREAD_ENV`
+where they are not already set.
 """
 
 from __future__ import annotations
@@ -54,13 +60,10 @@ from typing import Any
 
 import numpy as np
 
-for _var, _val in (("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1"),
-                   ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"), ("RAY_DEDUP_LOGS", "0"),
-                   ("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")):
-    os.environ.setdefault(_var, _val)
-
 __all__ = [
     "ADULT_PATH",
+    "SIM_ENV",
+    "configure_environment",
     "STREAMS",
     "SimFleetSpec",
     "SimHostFactory",
@@ -273,6 +276,19 @@ class SimHostFactory:
 #: thread pools of numeric libraries pinned to one thread per process (one process per core does the work)
 THREAD_ENV = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                      "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
+#: Flower without telemetry, update check or runtime dependency installation; Ray without log deduplication and
+#: without its warning about accelerator variables (read by Flower and Ray when they are imported)
+SIM_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "RAY_DEDUP_LOGS": "0",
+           "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+
+
+def configure_environment() -> None:
+    """Set :data:`SIM_ENV` and :data:`THREAD_ENV` in ``os.environ`` where not already set (a variable the user set
+    wins). Call before Ray and Flower are imported: they read some of these at import time; the Ray workers started
+    afterwards inherit them."""
+    for name, value in {**SIM_ENV, **THREAD_ENV}.items():
+        os.environ.setdefault(name, value)
 
 
 def host_devices(spec: SimFleetSpec, index: int, hosts: int) -> int:
@@ -295,8 +311,7 @@ class ShardHost:
     def __init__(self, spec: SimFleetSpec, index: int, hosts: int, max_open: int | None = None) -> None:
         from edge_agent.flower_app import OPEN_AGENTS
 
-        for name, value in THREAD_ENV.items():
-            os.environ.setdefault(name, value)
+        configure_environment()  # in this worker process too (a Ray started elsewhere does not pass them on)
         try:  # Ray starts its workers at nice 15: a host is the simulation's main work, give it the default priority
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except (OSError, AttributeError):
@@ -518,8 +533,7 @@ def run_flower_simulation(
     if workers < 1 or forwarders < 1:
         raise ValueError("need workers >= 1 and forwarders >= 1")
 
-    for name, value in THREAD_ENV.items():
-        os.environ.setdefault(name, value)
+    configure_environment()
     import ray
     from flwr.simulation import run_simulation
 
@@ -628,7 +642,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-open", type=int, default=None,
                         help="device databases each host keeps open (default: as many as fit a quarter of the memory)")
     parser.add_argument("--signature", choices=("ed25519", "hmac-sha256"), default="ed25519",
-                        help="the devices' report keys (default ed25519; hmac-sha256: ~2 µs verification, the "
+                        help="the devices' report keys (default ed25519; hmac-sha256: far cheaper to verify, the "
                              "coordinator's registry holds the secrets)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
 

@@ -5,8 +5,8 @@ device round, signed reports); virtual SuperNodes host shards of 500 devices; th
 core for the whole run (Flower's actors forward each node's messages to the host owning it); the coordinator
 (ServerApp) checks every report with the coordinator's Validator (signature; body support checks batched per reply)
 and commits each reply in one transaction, then estimates the round. The devices' report keys are HMAC-SHA256
-(``--signature hmac-sha256``: ~2 µs to sign or verify; the coordinator's registry holds the keys) unless the row says
-Ed25519 (~50 µs to sign, ~120 µs to verify a report). Reported: start-up (Ray, host and actor start,
+(``--signature hmac-sha256``: cheaper to sign and far cheaper to verify; the coordinator's registry holds the keys)
+unless the row says Ed25519 (both costs measured below). Reported: start-up (Ray, host and actor start,
 device enrolment = identity creation and first open of every device's state) and the wall time of each round after
 start-up (round 1 charges every stream; round 2 reports age on the planner's first α-rounding grid — one new memo
 entry per device — and the evolving Syn value; round 3 is the steady state), plus the CPU seconds each round took:
@@ -48,6 +48,7 @@ def run(quick: bool = False) -> str:
     lines = ["## Flower simulation (sharded virtual SuperNodes)", ""]
     if importlib.util.find_spec("flwr") is None or importlib.util.find_spec("ray") is None:
         return "\n".join(lines + ["Skipped: needs `flwr[simulation]==1.41.0`.", ""])
+    from simulations.bench._keys import key_costs, key_costs_text
     from simulations.flower_sim import (CLOSED_DEVICE_BYTES, OPEN_DEVICE_BYTES, available_memory, default_max_open,
                                         memory_needed, run_flower_simulation)
 
@@ -63,6 +64,8 @@ def run(quick: bool = False) -> str:
         f"(SQLite connection + WAL), one closed between rounds ~{CLOSED_DEVICE_BYTES / 2**10:.0f} KiB (agent + "
         "database file); hosts keep as many open as fit half the available memory and reattach the others each "
         "round.",
+        "",
+        key_costs_text(key_costs()),
         "",
         "| devices | report keys | nodes | open per host | start-up s | round 1 s | round 2 s | round 3 s | "
         "CPU s per round (devices + coordinator) | devices/s (last round) | reports (last round) |",
