@@ -328,7 +328,7 @@ class FlowerCoordinator:
 
 
 def _preload_estimation() -> None:
-    """Import what the estimates need (scipy.stats for confidence intervals, ~1-2 s) before round 1 rather than
+    """Import what the estimates need (scipy.stats for confidence intervals, a slow import) before round 1 rather than
     inside it."""
     try:
         importlib.import_module("scipy.stats")

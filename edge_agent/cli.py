@@ -313,8 +313,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     enr.add_argument("--force", action="store_true", help="replace an existing identity (new key, new memo)")
     enr.add_argument("--signature", choices=("ed25519", "hmac-sha256"), default="ed25519",
                      help="report key for a new identity: ed25519 (default; the registry holds only the public key) "
-                          "or hmac-sha256 (≈60× cheaper to verify; the printed key is a secret the coordinator's "
-                          "registry must keep private)")
+                          "or hmac-sha256 (far cheaper to verify, see `make bench`; the printed key is a secret the "
+                          "coordinator's registry must keep private)")
     enr.set_defaults(func=cmd_enroll)
 
     st = sub.add_parser("status", help="ledger totals, outbox, counters, invariants (JSON)")

@@ -1,10 +1,10 @@
 """Pin OpenBLAS to one thread for the evaluation run.
 
 On a shared 2-core machine a multi-threaded OpenBLAS call (e.g. RAPPOR's 4096 × 360 least-squares decode) can be
-40× slower than single-threaded when the cores are busy (measured: 8.3 s versus 0.2 s at load ≈ 9). The environment
-variable OPENBLAS_NUM_THREADS only works before numpy is imported, which ``haarvest`` has already done, so this calls
-OpenBLAS's own ``*_set_num_threads`` on every OpenBLAS library loaded in the process (numpy's and scipy's wheels
-bundle their own). Best effort: returns how many libraries were pinned (0 if none was found, which is harmless).
+many times slower than single-threaded when the cores are busy. The environment variable OPENBLAS_NUM_THREADS only
+works before numpy is imported, which ``haarvest`` has already done, so this calls OpenBLAS's own
+``*_set_num_threads`` on every OpenBLAS library loaded in the process (numpy's and scipy's wheels bundle their own).
+Best effort: returns how many libraries were pinned (0 if none was found, which is harmless).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ class PeerProtocol:
 def peer_protocols(epsilon: float, k: int, jit: bool = True) -> list[PeerProtocol]:
     """multi-freq-ldpy's longitudinal protocols at the same (ε∞, ε1) (empty if the peer is not installed).
 
-    ``jit=False`` leaves out dBitFlipPM, whose numba client takes ≈ 15 s to compile in every new process.
+    ``jit=False`` leaves out dBitFlipPM, whose numba client is compiled anew (seconds) in every new process.
     """
     try:
         mod = {n: importlib.import_module(f"multi_freq_ldpy.long_freq_est.{n}")
