@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from protocols.accounting import BudgetExceededError, check_cap
+
 __all__ = ["State", "Refused", "Commit", "ReportRequest", "OutboxRow", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 3
@@ -190,24 +192,21 @@ class _Spent:
 
     def check(self, stream: str, round_id: str, eps: float, stream_cap: float, total_cap: float,
               round_cap: float | None, delta: float, delta_cap: float | None) -> None:
-        """Refuse a charge of ``eps`` (and ``delta``) that would exceed a cap (:class:`Refused`)."""
-        tol = 1e-12
-        spent_stream = self.streams.get(stream, 0.0)
-        if spent_stream + eps > stream_cap + tol:
-            raise Refused("stream_cap", f"stream {stream!r} spent {spent_stream:.6g} + {eps:.6g} > cap {stream_cap:.6g}")
-        if self.total + eps > total_cap + tol:
-            raise Refused("total_cap", f"spent {self.total:.6g} + {eps:.6g} > total cap {total_cap:.6g}")
-        spent_round = self.rounds.get(round_id, 0.0)
-        if round_cap is not None and spent_round + eps > round_cap + tol:
-            raise Refused("round_budget", f"round {round_id!r} spent {spent_round:.6g} + {eps:.6g} > {round_cap:.6g}")
-        if delta > 0:
-            # basic composition of (ε, δ) charges: Σ δ (window) + δ ≤ delta_cap; no cap refuses any δ > 0
-            if not (0 < delta < 1):
-                raise Refused("delta_cap", f"δ = {delta!r} is not in (0, 1)")
-            if delta_cap is None:
-                raise Refused("delta_cap", "an (ε, δ) charge needs ledger.delta_cap")
-            if self.delta + delta > delta_cap * (1 + 1e-12):
-                raise Refused("delta_cap", f"spent δ {self.delta:.6g} + {delta:.6g} > cap {delta_cap:.6g}")
+        """Refuse a charge of ``eps`` (and ``delta``) that would exceed a cap (:class:`Refused`), by the one cap
+        rule of :func:`protocols.accounting.check_cap` (basic composition within the window)."""
+        try:
+            check_cap("stream_cap", self.streams.get(stream, 0.0), eps, stream_cap, f"stream {stream!r}")
+            check_cap("total_cap", self.total, eps, total_cap, "total", "total cap")
+            check_cap("round_budget", self.rounds.get(round_id, 0.0), eps, round_cap, f"round {round_id!r}")
+            if delta > 0:
+                # basic composition of (ε, δ) charges: Σ δ (window) + δ ≤ delta_cap; no cap refuses any δ > 0
+                if not (0 < delta < 1):
+                    raise Refused("delta_cap", f"δ = {delta!r} is not in (0, 1)")
+                if delta_cap is None:
+                    raise Refused("delta_cap", "an (ε, δ) charge needs ledger.delta_cap")
+                check_cap("delta_cap", self.delta, delta, delta_cap, "δ")
+        except BudgetExceededError as exc:
+            raise Refused(exc.reason, exc.detail) from None
 
     def charge(self, stream: str, round_id: str, eps: float, delta: float) -> None:
         self.streams[stream] = self.streams.get(stream, 0.0) + eps

@@ -30,7 +30,11 @@ sequentially outside the RDP sum (``ε_RDP(δ') + Σ ε_j``, ``δ' + Σ δ_j``),
 
 **Memoization** (SPEC §4): a report served from the memo table is post-processing and costs 0;
 :meth:`Accountant.charge_memo` charges only when the (opaque, e.g. HMAC) key is new for that stream. Longitudinal
-bounds: :func:`loloha_bound`, :func:`alpha_rounding_bound`, :func:`dbitflip_bound`.
+bounds: one formula, :func:`memo_slots_bound` (ε per memo slot), specialised by :func:`loloha_bound`,
+:func:`alpha_rounding_bound`, :func:`dbitflip_bound` and every protocol's ``longitudinal_bound``.
+
+**One cap rule** (:func:`check_cap`) for this in-memory accountant and for the device's persistent ledger
+(:mod:`edge_agent.state`, which keeps the charges in SQLite and checks them with the same function).
 """
 
 from __future__ import annotations
@@ -54,9 +58,12 @@ __all__ = [
     "rdp_to_dp",
     "basic_composition",
     "advanced_composition",
+    "memo_slots_bound",
     "loloha_bound",
     "alpha_rounding_bound",
     "dbitflip_bound",
+    "CAP_TOLERANCE",
+    "check_cap",
     "Charge",
     "SpendReport",
     "BudgetExceededError",
@@ -186,21 +193,52 @@ def _advanced_from_sums(sum_sq: float, sum_drift: float, delta_prime: float) -> 
     return math.sqrt(2 * math.log(1 / delta_prime) * sum_sq) + sum_drift
 
 
-def loloha_bound(g: int, eps_inf: float) -> float:
-    """LOLOHA long-run spend per dimension: at most ``g·ε∞`` whatever the number of value changes (SPEC §3.10)."""
-    return check_int(g, "g", minimum=2) * check_epsilon(eps_inf, "eps_inf")
+def memo_slots_bound(epsilon: float, slots: int, n_distinct: int | None = None) -> float:
+    """The one longitudinal bound of memoization (SPEC §4): a memoized report is charged ε once per memo slot it
+    fills and re-sent for free, so a device that can fill at most ``slots`` slots — and has filled ``n_distinct``
+    of them, when known — spends at most ``ε·min(slots, n_distinct)`` whatever the number of reports.
+    Every protocol's ``longitudinal_bound`` and the bounds below are this formula."""
+    slots = check_int(slots, "slots", minimum=0)
+    if n_distinct is not None:
+        slots = min(slots, check_int(n_distinct, "n_distinct", minimum=0))
+    return check_epsilon(epsilon) * slots
+
+
+def loloha_bound(g: int, eps_inf: float, k: int | None = None, n_distinct: int | None = None) -> float:
+    """LOLOHA long-run spend: ``ε∞·min(g, k, n_distinct)`` — at most g hashed values (Arcolezi et al. 2023; SPEC
+    §3.10), never more than the k values of the domain or the values seen, whatever the number of changes."""
+    slots = check_int(g, "g", minimum=2)
+    if k is not None:
+        slots = min(slots, check_int(k, "k", minimum=2))
+    return memo_slots_bound(check_epsilon(eps_inf, "eps_inf"), slots, n_distinct)
 
 
 def alpha_rounding_bound(grid_points_used: int, epsilon: float) -> float:
     """α-rounding with memoization: at most ``(#grid points used)·ε`` (Ding et al. 2017; SPEC §4)."""
-    return check_int(grid_points_used, "grid_points_used", minimum=0) * check_epsilon(epsilon)
+    return memo_slots_bound(epsilon, check_int(grid_points_used, "grid_points_used", minimum=0))
 
 
-def dbitflip_bound(d: int, b: int, epsilon: float) -> float:
-    """dBitFlipPM with memoization: at most ``min(d+1, b)·ε`` (Ding et al. 2017; SPEC §4)."""
+def dbitflip_bound(d: int, b: int, epsilon: float, n_distinct: int | None = None) -> float:
+    """dBitFlipPM with memoization: at most ``min(d+1, b, n_distinct)·ε`` (Ding et al. 2017; SPEC §4)."""
     d = check_int(d, "d", minimum=1)
     b = check_int(b, "b", minimum=1)
-    return min(d + 1, b) * check_epsilon(epsilon)
+    return memo_slots_bound(epsilon, min(d + 1, b), n_distinct)
+
+
+#: Relative slack of the cap rule: float sums of charges may overshoot an exactly reachable cap by rounding.
+CAP_TOLERANCE = 1e-12
+
+
+def check_cap(reason: str, spent: float, charge: float, cap: float | None, what: str = "", cap_name: str = "cap") -> None:
+    """The one cap rule of both ledgers (the device's SQLite ledger, :mod:`edge_agent.state`, and
+    :class:`Accountant`): a charge is allowed iff ``spent + charge ≤ cap`` (basic composition; up to
+    :data:`CAP_TOLERANCE` relative slack). Raises :class:`BudgetExceededError` with ``reason`` otherwise;
+    ``cap`` None means uncapped. The message reads ``<what> spent S + C > <cap_name> CAP``."""
+    if cap is None:
+        return
+    if spent + charge > cap * (1 + CAP_TOLERANCE):
+        label = f"{what} " if what else ""
+        raise BudgetExceededError(reason, f"{label}spent {spent:.6g} + {charge:.6g} > {cap_name} {cap:.6g}")
 
 
 @dataclass(frozen=True)
@@ -264,7 +302,13 @@ class SpendReport:
 
 
 class BudgetExceededError(ValueError):
-    """A charge would push a stream (or the total) past its cap; nothing was recorded."""
+    """A charge would push a stream (or the total, a round, δ) past its cap; nothing was recorded. ``reason``:
+    ``stream_cap``, ``total_cap``, ``round_budget`` or ``delta_cap``."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
 
 
 @dataclass
@@ -406,17 +450,11 @@ class Accountant:
         cap = self._caps.get(c.stream)
         if cap is not None:
             spent = self._unit_totals(c.stream, with_rdp=False).eps
-            if spent + c.epsilon > cap * (1 + 1e-12):
-                raise BudgetExceededError(
-                    f"stream {c.stream!r}: charging ε={c.epsilon:g} would exceed its cap {cap:g} (spent {spent:g})"
-                )
-        if self.total_cap is not None:
-            trial = self._unit_totals(extra=c, with_rdp=False)
-            if trial.eps > self.total_cap * (1 + 1e-12):
-                raise BudgetExceededError(
-                    f"charging ε={c.epsilon:g} on {c.stream!r} would exceed the total cap {self.total_cap:g} "
-                    f"(total would be {trial.eps:g})"
-                )
+            check_cap("stream_cap", spent, c.epsilon, cap, f"stream {c.stream!r}")
+        if self.total_cap is not None:  # with parallel composition a charge may add less than its ε to the total
+            before = self._unit_totals(with_rdp=False).eps
+            after = self._unit_totals(extra=c, with_rdp=False).eps
+            check_cap("total_cap", before, after - before, self.total_cap, "total", "total cap")
 
     # ------------------------------------------------------------ queries
     @property

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from protocols.accounting import memo_slots_bound
 from protocols.base import check_int, os_rng
 from protocols.longitudinal.memo import (
     MEMO_STYLES,
@@ -171,11 +172,9 @@ class LongitudinalProtocol(ABC):
         """ε of one IRR for an arbitrary change of its input (math.inf without an IRR); see module docstring."""
 
     def longitudinal_bound(self, n_distinct: int | None = None) -> float:
-        """Worst-case total charge: ε∞ · min(n_distinct, n_slots) (n_distinct = distinct slots reported)."""
-        slots = self.n_slots
-        if n_distinct is not None:
-            slots = min(slots, check_int(n_distinct, "n_distinct", 0))
-        return self.epsilon_inf * slots
+        """Worst-case total charge: ε∞ · min(n_distinct, n_slots) (n_distinct = distinct slots reported;
+        :func:`protocols.accounting.memo_slots_bound`, the one formula)."""
+        return memo_slots_bound(self.epsilon_inf, self.n_slots, n_distinct)
 
     def fingerprint(self) -> str:
         """Short digest of (name, params): memo keys are bound to it, so a parameter change never reuses a PRR."""

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from protocols.accounting import dbitflip_bound
 from protocols.base import check_categories, check_epsilon, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
 from protocols.longitudinal.grr import check_category
@@ -58,11 +59,8 @@ class DBitFlipPM(LongitudinalProtocol):
         return self.d + 1
 
     def longitudinal_bound(self, n_distinct: int | None = None) -> float:
-        """ε · min(d+1, b, n_distinct)."""
-        slots = min(self.d + 1, self.b)
-        if n_distinct is not None:
-            slots = min(slots, check_int(n_distinct, "n_distinct", 0))
-        return self.epsilon_inf * slots
+        """ε · min(d+1, b, n_distinct) (:func:`protocols.accounting.dbitflip_bound`)."""
+        return dbitflip_bound(self.d, self.b, self.epsilon_inf, n_distinct)
 
     @property
     def irr_input_epsilon(self) -> float:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from protocols.accounting import memo_slots_bound
 from protocols.base import check_epsilon, check_int
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
 from protocols.longitudinal.memo import LongitudinalReport
@@ -89,9 +90,9 @@ class DDRM(LongitudinalProtocol):
         return self.epsilon_inf
 
     def longitudinal_bound(self, n_distinct: int | None = None) -> float:
-        """max_nonzero · ε (``n_distinct``, if given, caps the number of non-zero nodes instead)."""
-        cap = self.max_nonzero if n_distinct is None else min(self.max_nonzero, check_int(n_distinct, "n_distinct", 0))
-        return self.epsilon_inf * cap
+        """max_nonzero · ε (``n_distinct``, if given, caps the number of non-zero nodes instead): each non-zero node
+        is a slot charged once (:func:`protocols.accounting.memo_slots_bound`)."""
+        return memo_slots_bound(self.epsilon_inf, self.max_nonzero, n_distinct)
 
     def _check_stream(self, values: Any, time_axis: bool = True) -> np.ndarray:
         arr = np.asarray(values)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from protocols.accounting import loloha_bound
 from protocols.base import check_categories, check_int
 from protocols.hashing import P, draw_seeds, hash_values, support_counts
 from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol, grr_fresh
@@ -101,11 +102,9 @@ class LOLOHA(LongitudinalProtocol):
         return self.epsilon_irr
 
     def longitudinal_bound(self, n_distinct: int | None = None) -> float:
-        """ε∞ · min(g, k, n_distinct): at most g hashed values, and never more than the values seen."""
-        slots = min(self.g, self.k)
-        if n_distinct is not None:
-            slots = min(slots, check_int(n_distinct, "n_distinct", 0))
-        return self.epsilon_inf * slots
+        """ε∞ · min(g, k, n_distinct): at most g hashed values, and never more than the values seen
+        (:func:`protocols.accounting.loloha_bound`)."""
+        return loloha_bound(self.g, self.epsilon_inf, self.k, n_distinct)
 
     def variance(self, f: Any = 0.0) -> Any:
         """Per-user variance of f̂_v: (f p*(1-p*) + (1-f)(1/g)(1-1/g)) / ((p1 - 1/g)(p2 - q2))² (ideal hashing)."""

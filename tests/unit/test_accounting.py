@@ -289,3 +289,52 @@ def test_longitudinal_bounds():
     assert dbitflip_bound(20, 16, 1.0) == 16.0
     with pytest.raises(ValueError, match="g must be >= 2"):
         loloha_bound(1, 1.0)
+
+
+def test_one_formula_per_bound():
+    """The protocols' longitudinal bounds are the accounting module's formulas (one home: memo_slots_bound)."""
+    from protocols.accounting import memo_slots_bound
+    from protocols.longitudinal import LOLOHA, DBitFlipPM, OneBitMeanMemo
+
+    for g, k in [(2, 360), (10, 3), (5, 5)]:
+        proto = LOLOHA(2.0, 1.0, k, g=g)
+        for n in (None, 0, 1, 4, 1000):
+            assert proto.longitudinal_bound(n) == loloha_bound(g, 2.0, k, n)
+    assert loloha_bound(10, 2.0, k=3) == memo_slots_bound(2.0, 3) == 6.0  # never more than k entries
+    for d, b in [(3, 10), (4, 4), (1, 2)]:
+        proto = DBitFlipPM(1.0, k=100, b=b, d=d)
+        for n in (None, 0, 2, 50):
+            assert proto.longitudinal_bound(n) == dbitflip_bound(d, b, 1.0, n)
+    assert OneBitMeanMemo(0.5, s=7).longitudinal_bound() == alpha_rounding_bound(8, 0.5)
+
+
+def test_one_cap_rule_for_both_ledgers(tmp_path):
+    """The device ledger (edge_agent.state) and the Accountant refuse exactly the same charges (check_cap)."""
+    from edge_agent.state import Refused, _Spent
+    from protocols.accounting import CAP_TOLERANCE, check_cap
+
+    cap = 0.3
+    for spent, charge in [(0.1 + 0.1, 0.1), (0.2, 0.1 + 1e-9), (0.0, cap), (0.0, cap * (1 + 2 * CAP_TOLERANCE))]:
+        acc = Accountant()
+        acc.set_cap("s", cap)
+        if spent:
+            acc.charge("s", "m", spent)
+        try:
+            acc.charge("s", "m", charge)
+            accountant_ok = True
+        except BudgetExceededError as exc:
+            accountant_ok = False
+            assert exc.reason == "stream_cap"
+        ledger = _Spent({"s": spent}, {}, spent, 0.0, 0.0)
+        try:
+            ledger.check("s", "r", charge, cap, 10.0, None, 0.0, None)
+            ledger_ok = True
+        except Refused as exc:
+            ledger_ok = False
+            assert exc.reason == "stream_cap"
+        assert accountant_ok == ledger_ok
+        try:
+            check_cap("stream_cap", spent, charge, cap)
+            assert accountant_ok
+        except BudgetExceededError:
+            assert not accountant_ok
