@@ -9,12 +9,36 @@ table is needed. IRR, fresh per report: S_i = 1 w.p. q if B'_i = 1, p if B'_i = 
 Privacy (paper, §4): ε∞ = 2h ln((1 - f/2)/(f/2)); one report is ε1 = h ln(q*(1 - p*)/(p*(1 - q*))) with
 q* = P[S_i = 1 | B_i = 1] = (f/2)(p + q) + (1 - f) q and p* = P[S_i = 1 | B_i = 0] = (f/2)(p + q) + (1 - f) p.
 
-Decoder: per cohort c with N_c reports and bit counts c_{c,i}, the de-noised count of true Bloom bits is
-t̂_{c,i} = (c_{c,i} - (p + (q - p) f/2) N_c) / ((1 - f)(q - p))  (unbiased). With X_c[i, v] = 1 when candidate
-v sets bit i in cohort c, E[t̂_c] = X_c N_{c,·}; under random cohorts E[N_{c,v} | cohort sizes] = N_c N_v / N,
-so the counts N_v solve the stacked regression t̂ ≈ [X_c · N_c/N]_c β. We solve it with non-negative least
-squares (scipy.optimize.nnls, the default) or ordinary least squares (``method="lstsq"``, unbiased when the
-design has full column rank). Frequencies are β/N.
+Decoder (paper, §4: a regression of the de-noised bit counts on the candidates' Bloom bits; the paper selects
+candidates with the Lasso first, here the candidate list is given). Per cohort c with N_c reports and reported-bit
+counts c_{c,i}, the de-noised count of true Bloom bits is
+
+    t̂_{c,i} = (c_{c,i} - (p + (q - p) f/2) N_c) / ((1 - f)(q - p)),   E[t̂_{c,i}] = T_{c,i}
+
+(T_{c,i}: how many of the cohort's users have Bloom bit i set). Let X_c (num_bits × K) be the cohort's Bloom design,
+X_c[i, v] = 1 when candidate v sets bit i in cohort c (≤ h ones per column). Cohorts are drawn uniformly and
+independently of the values, so given the cohort sizes the cohort's value counts satisfy E[N_{c,v}] = N_c π_v
+(π: the population's frequencies), and the de-noised bit *proportions* y_c = t̂_c / N_c satisfy E[y_c] = X_c π for
+every non-empty cohort. Stacking them, E[y] = X π with X = [X_c]_c ((m'·num_bits) × K over the m' non-empty
+cohorts), and any left inverse L of X (L X = I) gives an unbiased estimate L y of π. (The expectation is over the
+cohort draw too; for one fixed assignment of users to cohorts it is exact when each cohort holds the population's
+mix, which is what the exact-expectation tests use.)
+
+* ``method="lstsq"`` (the default): ordinary least squares π̂ = (XᵀX)⁻¹ Xᵀ y, each non-empty cohort weighted
+  equally (with random cohorts their sizes differ by O(√(N/m)), so this is close to the variance-weighted fit).
+  Unbiased whenever X has full column rank K; then E[π̂] = π exactly and Σ_v π̂_v estimates Σ_v π_v = 1 (the
+  estimates may be negative; clip-and-normalise is the post-processing). The Gram matrix G = XᵀX = Σ_c X_cᵀX_c
+  is built from the sparse X (each candidate sets ≤ h bits per cohort), Cholesky-factorised once and cached per
+  (candidates, non-empty cohorts), so a round costs the bit counts, one sparse Xᵀy and two triangular solves.
+  When X is rank-deficient (K > m·num_bits, or candidates whose Bloom bits coincide in every cohort) no unbiased
+  estimator of π exists; the decoder then returns the minimum-norm least-squares solution π̂ = G⁺ Xᵀ y (eigenvalues
+  of G below 1e-10 · its largest treated as zero), which is unbiased for the identifiable projection:
+  E[π̂] = G⁺G π, the orthogonal projection of π onto the row space of X. Linear statistics aᵀπ with a in that row
+  space stay unbiased — e.g. the total Σ_v π_v when every candidate sets the same number of distinct bits per
+  cohort (always so for h = 1). :meth:`RAPPOR.design_rank` tells which case applies.
+* ``method="nnls"``: the same least-squares fit constrained to π ≥ 0 (scipy.optimize.nnls on the K × K square
+  root of G). Consistent (it converges to π as N grows with the design identifiable) and non-negative, but biased:
+  clipping the many near-zero candidates at 0 pushes the total above 1 (Σ π̂ of 2–7 has been measured at k ≈ 1,300).
 """
 
 from __future__ import annotations
@@ -24,6 +48,8 @@ import math
 from typing import Any, NamedTuple
 
 import numpy as np
+import scipy.linalg
+import scipy.sparse
 from scipy.optimize import brentq, nnls
 
 from protocols.base import check_categories, check_int
@@ -37,6 +63,27 @@ __all__ = ["RAPPOR", "RAPPORClient", "RapporReports", "bloom_indices"]
 
 _STREAM_PRR = 401
 _BLOOM_DOMAIN = b"haarvest/rappor-bloom/v1\x00"
+_METHODS = ("lstsq", "nnls")
+_RANK_TOL = 1e-10  # eigenvalues (Cholesky pivots) of XᵀX below this × the largest count as zero
+_CACHE_SIZE = 4
+
+
+class _Design(NamedTuple):
+    """The stacked Bloom design of one (candidates, non-empty cohorts) pair and its factorisation."""
+
+    x: scipy.sparse.csr_matrix  # (m'·num_bits, K): X, one block of rows per non-empty cohort
+    chol: np.ndarray | None  # lower Cholesky factor L of G = XᵀX (full column rank)
+    eigvals: np.ndarray | None  # rank-deficient: the r positive eigenvalues of G ...
+    eigvecs: np.ndarray | None  # ... and their eigenvectors (K, r)
+    rank: int
+
+
+def _cached(cache: dict[Any, Any], key: Any, build: Any) -> Any:
+    if key not in cache:
+        if len(cache) >= _CACHE_SIZE:
+            cache.pop(next(iter(cache)))
+        cache[key] = build()
+    return cache[key]
 
 
 class RapporReports(NamedTuple):
@@ -233,33 +280,104 @@ class RAPPOR(LongitudinalProtocol):
         if cohorts.min() < 0 or cohorts.max() >= self.num_cohorts:
             raise ValueError(f"cohorts must lie in [0, {self.num_cohorts})")
         n_c = np.bincount(cohorts, minlength=self.num_cohorts)
-        counts = np.zeros((self.num_cohorts, self.num_bits), dtype=np.int64)
-        np.add.at(counts, cohorts, bits.astype(np.int64))  # empty cohorts stay 0
-        base = self.p + (self.q - self.p) * self.f / 2
-        t_hat = (counts - base * n_c[:, None]) / ((1 - self.f) * (self.q - self.p))
-        return t_hat, n_c
+        onehot = scipy.sparse.csr_matrix(
+            (np.ones(cohorts.size, dtype=np.int64), (cohorts, np.arange(cohorts.size))),
+            shape=(self.num_cohorts, cohorts.size),
+        )
+        counts = np.asarray(onehot @ bits.astype(np.int64, copy=False))  # empty cohorts stay 0
+        return self.denoise_counts(counts, n_c), n_c
 
-    def estimate_round(
-        self, reports: RapporReports, candidates: Any = None, method: str = "nnls"
-    ) -> np.ndarray:
-        """Frequencies of the candidates (default 0..domain_size-1) by NNLS (default) or least squares."""
-        if method not in ("nnls", "lstsq"):
-            raise ValueError(f"method must be 'nnls' or 'lstsq', got {method!r}")
+    def denoise_counts(self, counts: Any, n_c: Any) -> np.ndarray:
+        """t̂ = (c - (p + (q - p) f/2) N_c) / ((1 - f)(q - p)): reported-bit counts c (m, num_bits), sizes N_c (m,)."""
+        counts = np.asarray(counts, dtype=float)
+        n_c = np.asarray(n_c, dtype=float)
+        if counts.shape != (self.num_cohorts, self.num_bits) or n_c.shape != (self.num_cohorts,):
+            raise ValueError(f"counts must have shape ({self.num_cohorts}, {self.num_bits}) and n_c "
+                             f"({self.num_cohorts},), got {counts.shape} and {n_c.shape}")
+        base = self.p + (self.q - self.p) * self.f / 2
+        return (counts - base * n_c[:, None]) / ((1 - self.f) * (self.q - self.p))
+
+    def _candidates(self, candidates: Any) -> tuple[Any, ...]:
         cands = self._default_candidates() if candidates is None else tuple(
             c.item() if isinstance(c, np.generic) else c for c in candidates
         )
         if not cands:
             raise ValueError("at least one candidate is needed")
+        return cands
+
+    def _design(self, cands: tuple[Any, ...], present: tuple[int, ...]) -> _Design:
+        """X over the ``present`` cohorts and G = XᵀX factorised (Cholesky, or eigh when rank-deficient); cached."""
+        cache: dict[Any, _Design] = self.__dict__.setdefault("_design_cache", {})
+        return _cached(cache, (cands, present), lambda: self._build_design(cands, present))
+
+    def _build_design(self, cands: tuple[Any, ...], present: tuple[int, ...]) -> _Design:
+        table = self.bloom_table(cands)[list(present)]  # (m', K, bits)
+        block, cand, bit = np.nonzero(table)
+        x = scipy.sparse.csr_matrix(
+            (np.ones(block.size), (block * self.num_bits + bit, cand)),
+            shape=(len(present) * self.num_bits, len(cands)),
+        )
+        gram = np.asarray((x.T @ x).todense())
+        scale = float(np.max(np.diag(gram)))  # ≥ 1: every candidate sets a bit in every cohort
+        try:
+            chol = scipy.linalg.cholesky(gram, lower=True, check_finite=False)
+            if float(np.min(np.diag(chol))) ** 2 > _RANK_TOL * scale:
+                return _Design(x, chol, None, None, len(cands))
+        except np.linalg.LinAlgError:
+            pass
+        lam, vec = scipy.linalg.eigh(gram, check_finite=False)
+        keep = lam > _RANK_TOL * float(lam[-1])
+        return _Design(x, None, lam[keep], vec[:, keep], int(keep.sum()))
+
+    def design_rank(self, candidates: Any = None, cohorts: Any = None) -> int:
+        """Rank of the stacked Bloom design X for these candidates over ``cohorts`` (default: all); the default
+        decoder is unbiased exactly when this equals the number of candidates (module docstring)."""
+        present = tuple(range(self.num_cohorts)) if cohorts is None else tuple(sorted({int(c) for c in cohorts}))
+        if not present or present[0] < 0 or present[-1] >= self.num_cohorts:
+            raise ValueError(f"cohorts must be a non-empty subset of [0, {self.num_cohorts})")
+        return self._design(self._candidates(candidates), present).rank
+
+    def estimate_round(self, reports: RapporReports, candidates: Any = None, method: str = "lstsq") -> np.ndarray:
+        """Frequencies of the candidates (default 0..domain_size-1): ``"lstsq"`` (default) unbiased least squares
+        (minimum-norm when the design is rank-deficient), ``"nnls"`` non-negative and biased (module docstring)."""
+        if method not in _METHODS:
+            raise ValueError(f"method must be 'lstsq' (unbiased, the default) or 'nnls', got {method!r}")
+        cands = self._candidates(candidates)
         t_hat, n_c = self.denoised_bit_counts(reports)
-        n = int(n_c.sum())
-        table = self.bloom_table(cands)  # (m, K, bits)
-        design = (table * (n_c / n)[:, None, None]).transpose(0, 2, 1).reshape(-1, len(cands)).astype(float)
-        target = t_hat.reshape(-1)
-        if method == "nnls":
-            beta, _ = nnls(design, target, maxiter=50 * len(cands))
+        return self.decode_bit_counts(t_hat, n_c, cands, method)
+
+    def decode_bit_counts(
+        self, t_hat: Any, n_c: Any, candidates: Any = None, method: str = "lstsq"
+    ) -> np.ndarray:
+        """The linear decoder of :meth:`estimate_round` applied to de-noised bit counts t̂ (m, num_bits) and cohort
+        sizes N_c (m,): exact expected counts give back the true frequencies (``"lstsq"``, full rank)."""
+        if method not in _METHODS:
+            raise ValueError(f"method must be 'lstsq' (unbiased, the default) or 'nnls', got {method!r}")
+        cands = self._candidates(candidates)
+        t_hat = np.asarray(t_hat, dtype=float)
+        n_c = np.asarray(n_c, dtype=float)
+        if t_hat.shape != (self.num_cohorts, self.num_bits) or n_c.shape != (self.num_cohorts,):
+            raise ValueError(f"t_hat must have shape ({self.num_cohorts}, {self.num_bits}) and n_c "
+                             f"({self.num_cohorts},), got {t_hat.shape} and {n_c.shape}")
+        if np.any(n_c < 0) or not np.any(n_c > 0):
+            raise ValueError("cohort sizes must be non-negative with at least one report")
+        present = np.flatnonzero(n_c > 0)
+        design = self._design(cands, tuple(int(c) for c in present))
+        y = (t_hat[present] / n_c[present, None]).ravel()  # de-noised bit proportions, E[y] = X π
+        rhs = design.x.T @ y
+        if method == "lstsq":
+            if design.chol is not None:
+                return scipy.linalg.cho_solve((design.chol, True), rhs, check_finite=False)
+            return design.eigvecs @ ((design.eigvecs.T @ rhs) / design.eigvals)
+        # NNLS on a square root A of G (AᵀA = G, Aᵀb = Xᵀy): same objective as ||Xπ - y||², K columns, ≤ K rows
+        if design.chol is not None:
+            a = design.chol.T
+            b = scipy.linalg.solve_triangular(design.chol, rhs, lower=True, check_finite=False)
         else:
-            beta = np.linalg.lstsq(design, target, rcond=None)[0]
-        return beta / n
+            root = np.sqrt(design.eigvals)
+            a = root[:, None] * design.eigvecs.T
+            b = (design.eigvecs.T @ rhs) / root
+        return nnls(a, b, maxiter=50 * len(cands))[0]
 
 
 class RAPPORClient(LongitudinalClient):

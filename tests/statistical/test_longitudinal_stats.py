@@ -97,21 +97,45 @@ def test_loloha_mse_agrees_with_multi_freq_ldpy():
     assert abs(ours_arr.mean() - theirs_arr.mean()) < 5 * se
 
 
-def test_rappor_least_squares_is_unbiased_and_nnls_is_close():
+def test_rappor_default_decoder_is_unbiased_and_nnls_is_close():
+    """Seeded Monte-Carlo z-test of the default (least-squares) decoder over fresh cohorts, PRR and IRR draws."""
     protocol = RAPPOR(num_bits=32, num_hashes=2, num_cohorts=8, f=0.5, p=0.5, q=0.75, domain_size=6)
     rng = np.random.default_rng(14)
     n, reps = 4000, 80
     values, f = _population(rng, n, 6)
-    lstsq, nnls = np.empty((reps, 6)), np.empty((reps, 6))
+    default, nnls = np.empty((reps, 6)), np.empty((reps, 6))
     for r in range(reps):
         fleet = protocol.new_fleet(n, rng)
         reports, _ = protocol.privatize_round(values, fleet, rng)
-        lstsq[r] = protocol.estimate_round(reports, method="lstsq")
-        nnls[r] = protocol.estimate_round(reports)
-    se = lstsq.std(axis=0, ddof=1) / np.sqrt(reps)
-    assert np.all(np.abs(lstsq.mean(axis=0) - f) < 5 * se)
+        default[r] = protocol.estimate_round(reports)
+        nnls[r] = protocol.estimate_round(reports, method="nnls")
+    se = default.std(axis=0, ddof=1) / np.sqrt(reps)
+    assert np.all(np.abs(default.mean(axis=0) - f) < 5 * se)
+    assert np.all(nnls >= 0)
     # de-noised bit counts are unbiased, so with frequencies well above 0 NNLS rarely clips: tiny bias
     assert np.abs(nnls.mean(axis=0) - f).max() < 0.02
+
+
+def test_rappor_many_rare_candidates_default_unbiased_nnls_total_inflated():
+    """The issue-20 symptom at small scale: most candidates absent. The default's estimates (and their total) pass
+    a z-test; NNLS clips the absent candidates' noise at 0, so its total is far above 1."""
+    k = 60
+    protocol = RAPPOR(num_bits=64, num_hashes=2, num_cohorts=8, f=0.5, p=0.5, q=0.75, domain_size=k)
+    assert protocol.design_rank() == k
+    rng = np.random.default_rng(21)
+    n, reps = 3000, 60
+    values = rng.choice(6, size=n, p=[0.4, 0.2, 0.15, 0.1, 0.1, 0.05])  # 54 of 60 candidates never occur
+    f = np.bincount(values, minlength=k) / n
+    default, totals_nnls = np.empty((reps, k)), np.empty(reps)
+    for r in range(reps):
+        reports, _ = protocol.privatize_round(values, protocol.new_fleet(n, rng), rng)
+        default[r] = protocol.estimate_round(reports)
+        totals_nnls[r] = protocol.estimate_round(reports, method="nnls").sum()
+    z = (default.mean(axis=0) - f) / (default.std(axis=0, ddof=1) / np.sqrt(reps))
+    assert np.abs(z).max() < 4.5  # 60 z-scores: P(max |z| > 4.5) ≈ 60 · 7e-6
+    totals = default.sum(axis=1)
+    assert abs(totals.mean() - 1.0) < 5 * totals.std(ddof=1) / np.sqrt(reps)
+    assert totals_nnls.mean() > 1.0 + 10 * totals_nnls.std(ddof=1) / np.sqrt(reps)
 
 
 def test_rappor_denoised_bit_counts_unbiased():

@@ -218,10 +218,20 @@ def test_rappor_decoder_checks_and_candidates():
     fleet = protocol.new_fleet(200, rng)
     reports, _ = protocol.privatize_round(rng.integers(0, 5, 200), fleet, rng)
     est = protocol.estimate_round(reports)
-    assert est.shape == (5,) and np.all(est >= 0)  # NNLS is non-negative
+    assert est.shape == (5,) and np.all(np.isfinite(est))
+    assert np.all(protocol.estimate_round(reports, method="nnls") >= 0)
     assert protocol.estimate_round(reports, candidates=[0, 1, "x"]).shape == (3,)
-    with pytest.raises(ValueError, match="method"):
-        protocol.estimate_round(reports, method="lasso")
+    for call in (lambda: protocol.estimate_round(reports, method="lasso"),
+                 lambda: protocol.decode_bit_counts(*protocol.denoised_bit_counts(reports), method="ols")):
+        with pytest.raises(ValueError, match="method must be 'lstsq'") as err:
+            call()
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="t_hat must have shape"):
+        protocol.decode_bit_counts(np.zeros((4, 3)), np.ones(4))
+    with pytest.raises(ValueError, match="at least one report"):
+        protocol.decode_bit_counts(np.zeros((4, 32)), np.zeros(4))
+    with pytest.raises(ValueError, match="cohorts must be"):
+        protocol.design_rank(cohorts=[4])
     with pytest.raises(ValueError, match="bits"):
         protocol.estimate_round(reports._replace(bits=reports.bits[:, :3]))
     with pytest.raises(ValueError, match="domain_size"):
@@ -229,6 +239,55 @@ def test_rappor_decoder_checks_and_candidates():
     client = RAPPOR(num_bits=16).client(rng=rng)
     cohort, bits = client.report("https://example.org").report
     assert bits.shape == (16,) and 0 <= cohort < 32
+
+
+def _rappor_expected_counts(protocol: RAPPOR, cohort_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Exact E[reported-bit counts] (m, num_bits) and N_c for a population with N_{c,v} = cohort_counts[c, v]:
+    a user with Bloom bit B reports 1 w.p. q* if B = 1 else p* (paper, §4), independently of the decoder's algebra."""
+    table = protocol.bloom_table(tuple(range(cohort_counts.shape[1]))).astype(float)  # (m, K, bits)
+    ones = np.einsum("cv,cvi->ci", cohort_counts, table)  # users of cohort c with bit i set
+    n_c = cohort_counts.sum(axis=1)
+    return ones * protocol.q_star + (n_c[:, None] - ones) * protocol.p_star, n_c
+
+
+def test_rappor_default_decoder_recovers_a_known_population_exactly():
+    """The default decoder is linear and left-inverts the Bloom design: exact expected counts give π to 1e-9."""
+    protocol = RAPPOR(num_bits=32, num_hashes=2, num_cohorts=8, f=0.5, p=0.4, q=0.8, domain_size=20)
+    base = np.arange(1, 21, dtype=float)  # 210 users per copy; π_v ∝ v + 1
+    pi = base / base.sum()
+    sizes = np.array([1, 2, 3, 1, 0, 4, 2, 1])  # cohort c holds sizes[c] copies; cohort 4 is empty
+    counts, n_c = _rappor_expected_counts(protocol, sizes[:, None] * base[None, :])
+    assert protocol.design_rank() == 20
+    assert protocol.design_rank(cohorts=np.flatnonzero(sizes)) == 20
+    t_hat = protocol.denoise_counts(counts, n_c)
+    np.testing.assert_allclose(protocol.decode_bit_counts(t_hat, n_c), pi, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(protocol.decode_bit_counts(t_hat, n_c, method="nnls"), pi, rtol=0, atol=1e-9)
+
+
+def test_rappor_rank_deficient_decoder_is_unbiased_for_the_identifiable_projection():
+    """30 candidates, 2 cohorts × 8 bits: no left inverse; the minimum-norm fit returns X⁺X π (and, h = 1, Σ = 1)."""
+    protocol = RAPPOR(num_bits=8, num_hashes=1, num_cohorts=2, f=0.5, p=0.4, q=0.8, domain_size=30)
+    pi = np.random.default_rng(4).dirichlet(np.ones(30))
+    counts, n_c = _rappor_expected_counts(protocol, np.array([400.0, 600.0])[:, None] * pi[None, :])
+    est = protocol.decode_bit_counts(protocol.denoise_counts(counts, n_c), n_c)
+    x = protocol.bloom_table(tuple(range(30))).transpose(0, 2, 1).reshape(16, 30).astype(float)
+    rank = protocol.design_rank()
+    assert rank == np.linalg.matrix_rank(x) < 30
+    np.testing.assert_allclose(est, np.linalg.pinv(x) @ x @ pi, rtol=0, atol=1e-9)
+    assert abs(est.sum() - 1.0) < 1e-9 and np.abs(est - pi).max() > 1e-3
+    nn = protocol.decode_bit_counts(protocol.denoise_counts(counts, n_c), n_c, method="nnls")
+    assert np.all(nn >= 0) and np.linalg.norm(x @ nn - x @ pi) < 1e-6  # fits the identifiable part exactly
+
+
+def test_rappor_nnls_option_is_non_negative():
+    protocol = RAPPOR(num_bits=32, num_hashes=2, num_cohorts=4, domain_size=40)
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 3, 300)  # 37 of the 40 candidates are absent: least squares goes negative
+    reports, _ = protocol.privatize_round(values, protocol.new_fleet(300, rng), rng)
+    lstsq, nn = protocol.estimate_round(reports), protocol.estimate_round(reports, method="nnls")
+    assert lstsq.min() < 0 and nn.shape == (40,) and nn.min() >= 0
+    t_hat, n_c = protocol.denoised_bit_counts(reports)
+    np.testing.assert_array_equal(protocol.decode_bit_counts(t_hat, n_c, method="nnls"), nn)
 
 
 def test_alpha_rounding_is_unbiased_with_exact_probabilities():
