@@ -1,37 +1,59 @@
-"""Hadamard response (HR) and a vectorised fast Walsh–Hadamard transform.
+"""Hadamard response (HR) at every ε, and a vectorised fast Walsh–Hadamard transform.
 
 Acharya, Sun, Zhang, "Hadamard response: estimating distributions privately, efficiently, and with little
-communication", AISTATS 2019 (the single-set, high-privacy variant). Let ``K = 2^⌈log2(k+1)⌉`` and ``H`` the
-K×K Sylvester–Hadamard matrix, ``H[i, y] = (-1)^{popcount(i & y)}``. Item x uses row ``x + 1`` (row 0 is all ones
-and is skipped) and the set ``C_x = {y : H[x+1, y] = +1}`` of size K/2. The user outputs y uniform on ``C_x`` with
-probability ``p = e^ε/(1+e^ε)``, else uniform on its complement, so
+communication", AISTATS 2019 (arXiv:1802.04705). ``H`` is the Sylvester–Hadamard matrix, ``H[s, y] =
+(-1)^{popcount(s & y)}``. Every report is one integer ``y ∈ [0, K)`` and every item v has a *support set* ``C_v``
+of outputs; the user holding x outputs ``y`` uniform on ``C_x`` w.p. ``p``, else uniform on its complement.
 
-    P[y | x] = 2p/K  (y ∈ C_x),   2(1-p)/K  (y ∉ C_x),      worst-case ratio p/(1-p) = e^ε exactly.
+Support sets: intersections of ``m`` Hadamard rows (``rows = m``, ``t = 2^m``)
+------------------------------------------------------------------------------------
+The paper's high-privacy HR takes ``C_x = {y : H[x+1, y] = +1}`` (half the outputs, one row). Its variance
+``((e^ε+1)/(e^ε-1))²`` is 1.27× the optimum ``4e^ε/(e^ε-1)²`` at ε = 1 and 2.4× at ε = 2, because at larger ε a
+report should single out about 1/(e^ε+1) of the outputs, not one half. The paper's general construction (B blocks
+of size b, sets of size b/2 inside a block, used by pure-ldp above ε = 1) shrinks the sets but makes the users of
+one block interfere: its per-item variance grows with the mass of the item's block (``Var = (e^ε-1+2B)(2 +
+F_block(e^ε-1))/(e^ε-1)² - f``), so summed over the items it is ≈ 2× the optimum at large ε for every B and
+every population. Here the sets are shrunk *without* blocks, keeping every pair of items in the same relation:
 
-Sampling (vectorised): draw y0 uniform on [0, K); its parity ``popcount((x+1) & y0) mod 2`` says whether
-y0 ∈ C_x; if that is not the half we want, flip the lowest set bit of x+1 in y0 — a bijection between the two
-halves, so the result is uniform on the chosen half.
+    C_v = {y : H[s, y] = +1 for all s ∈ S_v},   S_v an m-dimensional subspace of row indices,
 
-Estimator. For rows ``x+1 ≠ v+1`` (both non-zero) the rows are orthogonal and balanced, so
-``Σ_{y∈C_x} H[v+1, y] = Σ_y H[v+1, y](1 + H[x+1, y])/2 = 0``: a non-holder's ``H[v+1, Y]`` has mean 0, and a
-holder's has mean ``p - (1-p) = (e^ε-1)/(e^ε+1)``. Hence, with ``N`` the histogram of the outputs and ``W = H·N``
-its Walsh–Hadamard transform (one FWHT, O(K log K), for *all* items),
+with the ``S_v`` pairwise intersecting only in 0 (a partial spread). Then ``|C_v| = K/t`` and, for v ≠ x,
+``|C_v ∩ C_x| = K/t²``: a non-holder lands in ``C_v`` with probability exactly ``q = 1/t`` whatever it holds.
 
-    f̂_v = (1/n)·((e^ε+1)/(e^ε-1))·W[v+1]                                                     (unbiased).
+* ``m = 1`` (the paper's high-privacy HR, unchanged): ``K = 2^⌈log2(k+1)⌉``, ``S_v = {0, v+1}``.
+* ``m ≥ 2``: ``r = ⌈log2 k⌉``, ``K = 2^{m+r}``, an output is ``y = (w << m) | u`` with ``w ∈ [0, 2^r)`` and
+  ``u ∈ [0, t)``; with GF(2^r) arithmetic (an irreducible polynomial of degree r, items as field elements, z the
+  generator) ``S_v = {((v·a) << m) | a : a ∈ [0, t)}`` (a read as a polynomial of degree < m), so ``y ∈ C_v`` iff
+  ``u = h_v(w)``, ``h_v(w)_i = popcount((v·z^i) & w) mod 2``. For x ≠ v the rows ``(x⊕v)·z^i`` (i < m) are
+  independent (a field has no zero divisors), so ``h_x(w) ⊕ h_v(w)`` is uniform on ``[0, t)`` for uniform w.
+* ``m = 0`` (direct response): for small k or large ε no Hadamard design beats randomized response over the k
+  items (GRR's ``(e^ε+k-2)/(e^ε-1)²`` is below every ``m``'s variance when ``k ≤ 5``, e.g.); then ``K = k``,
+  ``C_v = {v}``, ``p = e^ε/(e^ε+k-1)``, ``q = 1/(e^ε+k-1)`` and the decode is a histogram.
 
-This is exactly the generic oracle estimator with the support event ``y ∈ C_v`` (``C_v = (n + W[v+1])/2``),
-``p = e^ε/(e^ε+1)`` and ``q = 1/2`` (a non-holder lands in C_v w.p. 1/2), so the inherited ``estimate`` and
-``variance`` apply unchanged. Per user, ``H[v+1, Y]·B`` with ``B = (e^ε+1)/(e^ε-1)`` has variance ``B²`` for a
-non-holder and ``B² - 1`` for a holder:
+Probabilities (m ≥ 1): ``P[y | x] = (t/K)·p`` on ``C_x`` and ``(t/K)·(1-p)/(t-1)`` off it with ``p =
+e^ε/(e^ε+t-1)``: the worst-case ratio is e^ε exactly. The construction ``m`` minimises the per-user variance at
+f = 0 over ``{0, 1, 2, …}`` subject to ``2^m < k`` and ``K ≤ 2^26`` (``rows=`` forces one):
 
-    Var[f̂_v] = B² - f_v   per user   (= q(1-q)/(p-q)² + f(1-p-q)/(p-q)).
+    Var[f̂_v] = (q(1-q) + f(p-q)(1-p-q))/(p-q)²,   at f = 0:  (e^ε+t-1)²/((t-1)(e^ε-1)²)   (m ≥ 1),
 
-Note: ``B² = 4e^ε/(e^ε-1)² · (e^ε+1)²/(4e^ε)``, so this variant matches OUE/OLH's ``4e^ε/(e^ε-1)²`` only as ε → 0
-(1.27× at ε = 1, 2.4× at ε = 2); the paper's general-ε HR with blocks is not implemented here.
+which is OLH's variance at ``g = t``: within 1.08× of ``4e^ε/(e^ε-1)²`` when t can be the power of two nearest
+``e^ε+1`` (worst at ``e^ε = √3`` between t = 2 and t = 4). It does not depend on the other items' frequencies,
+so the inherited ``estimate`` and ``variance`` are exact. Where ``2^m < k`` or the K ≤ 2^26 cap keeps t well below
+``e^ε + 1``, GRR is used if better; the variance ratio on a dense ε grid is in ``tests/unit/test_hadamard.py``.
+
+Sampling (vectorised over users). m = 1: draw y0 uniform on [0, K); its parity ``popcount((x+1) & y0) mod 2`` says
+whether y0 ∈ C_x; if that is not the half we want, flip the lowest set bit of x+1 — a bijection between the halves.
+m ≥ 2: draw w uniform on [0, 2^r), keep ``u = h_x(w)`` w.p. p, else XOR it with a uniform value in [1, t) (uniform
+over the t-1 others).
+
+Decoding (one FWHT, O(K log K), for all items). With N the output histogram and ``W = H·N`` its Walsh–Hadamard
+transform, ``1[y ∈ C_v] = (1/t)·Σ_{s ∈ S_v} H[s, y]``, so ``C_v = (1/t)·Σ_{s ∈ S_v} W[s]`` — for m = 1 the old
+``(n + W[v+1])/2``; for m ≥ 2 a gather of k·t ≤ K entries of W. Then ``f̂_v = (C_v/n - q)/(p - q)`` (unbiased).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -40,10 +62,12 @@ import numpy as np
 from protocols.base import FrequencyOracle, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_vector, user_values
 
-__all__ = ["HadamardResponse", "fwht", "hadamard_entries"]
+__all__ = ["HadamardResponse", "fwht", "hadamard_entries", "optimal_variance"]
 
-#: Largest supported domain: K = 2^26 outputs (a 512 MiB histogram transform is the practical limit).
+#: Largest supported domain (the m = 1 output space is then 2^26).
 MAX_K = (1 << 26) - 1
+#: Largest output space of a Hadamard design: a 2^26-entry histogram transform (512 MiB) is the practical limit.
+MAX_LOG2_OUTPUTS = 26
 
 
 def fwht(x: Any) -> np.ndarray:
@@ -89,37 +113,188 @@ def hadamard_entries(rows: Any, cols: Any) -> np.ndarray:
     return (1 - 2 * _parity(r & c)).astype(np.int8)
 
 
-class HadamardResponse(FrequencyOracle):
-    """Hadamard response over ``[0, k)``; reports are int64 outputs ``y ∈ [0, K)``, ``K = 2^⌈log2(k+1)⌉``."""
+def optimal_variance(epsilon: float) -> float:
+    """``4e^ε/(e^ε-1)²``: the per-user variance of OUE/OLH at f = 0, the benchmark of the module docstring."""
+    return 4.0 * math.exp(-epsilon) / (-math.expm1(-epsilon)) ** 2
 
-    def __init__(self, epsilon: float, k: int) -> None:
+
+# --- GF(2^r) arithmetic on int64 arrays (polynomials over GF(2) as bit masks) ----------------------------------------
+
+
+def _polymulmod(a: int, b: int, poly: int, degree: int) -> int:
+    out = 0
+    while b:
+        if b & 1:
+            out ^= a
+        b >>= 1
+        a <<= 1
+        if a >> degree & 1:
+            a ^= poly
+    return out
+
+
+def _polygcd(a: int, b: int) -> int:
+    while b:
+        while a and a.bit_length() >= b.bit_length():
+            a ^= b << (a.bit_length() - b.bit_length())
+        a, b = b, a
+    return a
+
+
+@functools.lru_cache(maxsize=None)
+def irreducible_polynomial(degree: int) -> int:
+    """The smallest irreducible polynomial over GF(2) of the given degree (bit mask with bit ``degree`` set).
+
+    Rabin's test: f of degree r is irreducible iff ``x^(2^r) ≡ x (mod f)`` and ``gcd(x^(2^(r/q)) - x, f) = 1``
+    for every prime q dividing r.
+    """
+    degree = check_int(degree, "degree", minimum=1, maximum=62)
+    primes = [q for q in range(2, degree + 1) if degree % q == 0 and all(q % d for d in range(2, q))]
+    for low in range(1, 1 << degree, 2):
+        poly = (1 << degree) | low
+        x = 2 % poly if degree > 1 else 2 ^ poly  # the polynomial x reduced mod poly
+        powers = [x]  # x^(2^i) mod poly, i = 0..degree
+        for _ in range(degree):
+            powers.append(_polymulmod(powers[-1], powers[-1], poly, degree))
+        if powers[degree] != x:
+            continue
+        if all(_polygcd(poly, powers[degree // q] ^ x) == 1 for q in primes):
+            return poly
+    raise AssertionError(f"no irreducible polynomial of degree {degree}")  # pragma: no cover (one always exists)
+
+
+def _times_z(c: np.ndarray, poly: int, degree: int) -> np.ndarray:
+    """Multiply field elements by the generator z (shift, then reduce by the polynomial)."""
+    c = c << 1
+    return c ^ np.where((c >> degree) & 1 == 1, poly, 0)
+
+
+def _design_variance(epsilon: float, k: int, rows: int) -> float:
+    """Per-user variance at f = 0 of construction ``rows`` (0 = direct response, m ≥ 1: t = 2^m)."""
+    others = k - 1 if rows == 0 else (1 << rows) - 1
+    p, q_grr = keep_probability(epsilon, others)
+    q = q_grr if rows == 0 else 1.0 / (1 << rows)
+    return q * (1 - q) / (p - q) ** 2
+
+
+def _admissible_rows(k: int) -> list[int]:
+    """Constructions available at domain size k: 0, 1 and every m ≥ 2 with 2^m < k and m + ⌈log2 k⌉ ≤ 26."""
+    r = max(1, math.ceil(math.log2(k)))
+    return [0, 1] + [m for m in range(2, r) if (1 << m) < k and m + r <= MAX_LOG2_OUTPUTS]
+
+
+def choose_rows(epsilon: float, k: int) -> int:
+    """The construction with the smallest per-user variance at f = 0 (ties: the smaller output space)."""
+    epsilon = oracle_epsilon(epsilon)
+    k = check_int(k, "k", minimum=2, maximum=MAX_K)
+    return min(_admissible_rows(k), key=lambda m: (_design_variance(epsilon, k, m), m != 1, m))
+
+
+class HadamardResponse(FrequencyOracle):
+    """Hadamard response over ``[0, k)``; a report is one int64 output ``y ∈ [0, K)`` (see the module docstring).
+
+    ``rows`` (keyword-only) forces the construction: 0 = direct response, 1 = the paper's high-privacy HR, m ≥ 2 =
+    support sets cut by m Hadamard rows (needs ``m ≤ ⌈log2 k⌉`` and ``m + ⌈log2 k⌉ ≤ 26``); by default the one of
+    least variance at this ε and k (:func:`choose_rows`).
+    """
+
+    def __init__(self, epsilon: float, k: int, *, rows: int | None = None) -> None:
         self.epsilon = oracle_epsilon(epsilon)
         self.k = check_int(k, "k", minimum=2, maximum=MAX_K)
-        self.K = 1 << math.ceil(math.log2(self.k + 1))
-        self.p, _ = keep_probability(self.epsilon, 1)  # e^ε/(e^ε+1)
-        self.q = 0.5
+        r = max(1, math.ceil(math.log2(self.k)))
+        if rows is None:
+            rows = choose_rows(self.epsilon, self.k)
+        rows = check_int(rows, "rows", minimum=0, maximum=MAX_LOG2_OUTPUTS)
+        if rows >= 2 and rows > r:
+            raise ValueError(f"rows must be <= ceil(log2 k) = {r} for k = {self.k}, got {rows}")
+        if rows >= 2 and rows + r > MAX_LOG2_OUTPUTS:
+            raise ValueError(f"rows + ceil(log2 k) must be <= {MAX_LOG2_OUTPUTS} (K <= 2^26), got {rows} + {r}")
+        self.rows = rows
+        #: Number of output classes per seed: a non-holder supports an item w.p. q = 1/t (m ≥ 1).
+        self.t = 1 << rows if rows else self.k
+        self.r = r
+        if rows == 0:
+            self.K = self.k
+            self.p, self.q = keep_probability(self.epsilon, self.k - 1)
+        else:
+            self.K = 1 << (math.ceil(math.log2(self.k + 1)) if rows == 1 else rows + r)
+            self.p, _ = keep_probability(self.epsilon, self.t - 1)
+            self.q = 1.0 / self.t
+        self._poly = irreducible_polynomial(r) if rows >= 2 else 0
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "rows": self.rows}
+
+    # --- the support sets ---------------------------------------------------------------------------------------
+
+    def _hash(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """m ≥ 2: ``h_x(w)``, bit i = popcount((x·z^i) & w) mod 2 (x, w int64 arrays, broadcast)."""
+        c = np.asarray(x, dtype=np.int64)
+        u = np.zeros(np.broadcast_shapes(c.shape, np.shape(w)), dtype=np.int64)
+        for i in range(self.rows):
+            u |= _parity(c & w) << i
+            c = _times_z(c, self._poly, self.r)
+        return u
+
+    def in_support(self, reports: Any, value: int) -> np.ndarray:
+        """Boolean mask: which reports lie in ``C_value`` (support the item ``value``)."""
+        y = report_vector(reports, self.K)
+        v = int(user_values(value, self.k)[0])
+        if self.rows == 0:
+            return y == v
+        if self.rows == 1:
+            return hadamard_entries(v + 1, y) == 1
+        return (y & (self.t - 1)) == self._hash(np.int64(v), y >> self.rows)
+
+    # --- client ----------------------------------------------------------------------------------------------------
 
     def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
-        row = user_values(values, self.k) + 1
-        n = row.shape[0]
-        y0 = rng.integers(0, self.K, size=n, dtype=np.int64)
-        in_c = _parity(row & y0) == 0
-        want_c = rng.random(n) < self.p
-        lowest_bit = row & -row
-        return np.where(in_c == want_c, y0, y0 ^ lowest_bit)
+        x = user_values(values, self.k)
+        n = x.shape[0]
+        if self.rows == 0:
+            from protocols.frequency.direct import grr_perturb
+
+            return grr_perturb(x, self.k, self.p, rng)
+        if self.rows == 1:
+            row = x + 1
+            y0 = rng.integers(0, self.K, size=n, dtype=np.int64)
+            in_c = _parity(row & y0) == 0
+            want_c = rng.random(n) < self.p
+            lowest_bit = row & -row
+            return np.where(in_c == want_c, y0, y0 ^ lowest_bit)
+        w = rng.integers(0, 1 << self.r, size=n, dtype=np.int64)
+        keep = rng.random(n) < self.p
+        u = self._hash(x, w) ^ np.where(keep, 0, rng.integers(1, self.t, size=n, dtype=np.int64))
+        return (w << self.rows) | u
+
+    # --- server ----------------------------------------------------------------------------------------------------
 
     def support_counts(self, reports: np.ndarray) -> np.ndarray:
-        """``C_v = #{i : y_i ∈ C_v} = (n + W[v+1])/2`` with W the FWHT of the output histogram."""
+        """``C_v = (1/t)·Σ_{s ∈ S_v} W[s]`` with W the FWHT of the output histogram (a histogram for m = 0)."""
         y = report_vector(reports, self.K)
-        transform = fwht(np.bincount(y, minlength=self.K).astype(np.int64))
-        return (y.shape[0] + transform[1 : self.k + 1]) // 2
+        hist = np.bincount(y, minlength=self.K).astype(np.int64)
+        if self.rows == 0:
+            return hist
+        transform = fwht(hist)
+        if self.rows == 1:
+            return (y.shape[0] + transform[1 : self.k + 1]) // 2
+        # S_v = {((v·a) << m) | a : a ∈ [0, t)}: the products v·a by doubling over the bits of a.
+        products = np.zeros((self.k, self.t), dtype=np.int64)
+        c = np.arange(self.k, dtype=np.int64)
+        for j in range(self.rows):
+            half = 1 << j
+            products[:, half : 2 * half] = products[:, :half] ^ c[:, None]
+            c = _times_z(c, self._poly, self.r)
+        index = (products << self.rows) | np.arange(self.t, dtype=np.int64)
+        return transform[index].sum(axis=1) // self.t
 
     def n_reports(self, reports: np.ndarray) -> int:
         return int(np.asarray(reports).shape[0])
 
     def likelihood(self, reports: Any, value: int) -> np.ndarray:
-        """Exact ``P[y | value]``: ``2p/K`` on ``C_value``, ``2(1-p)/K`` off it."""
-        y = report_vector(reports, self.K)
-        v = int(user_values(value, self.k)[0])
-        in_c = hadamard_entries(v + 1, y) == 1
-        return np.where(in_c, 2 * self.p / self.K, 2 * (1 - self.p) / self.K)
+        """Exact ``P[y | value]``: ``(t/K)·p`` on ``C_value``, ``(t/K)·(1-p)/(t-1)`` off it (GRR's p, q for m = 0)."""
+        inside = self.in_support(reports, value)
+        if self.rows == 0:
+            return np.where(inside, self.p, self.q)
+        scale = self.t / self.K
+        return np.where(inside, scale * self.p, scale * (1 - self.p) / (self.t - 1))

@@ -3,7 +3,8 @@
 Inputs v1 = 0, v2 = 1; for each oracle two events over the output space: the classic "the report supports v1"
 event (likelihood ratio below e^ε) and a sharpened one that also requires the report *not* to support v2, whose
 likelihood ratio is exactly e^ε — it gives the audit its power. ε_emp must never exceed ε; at ε = 1 it must exceed
-ε/2 (the audit can see the mechanism's privacy loss). A deliberately mis-parameterised GRR is caught.
+ε/2 (the audit can see the mechanism's privacy loss). A deliberately mis-parameterised GRR is caught, and so is a
+Hadamard response that runs at a larger ε than it states (rows = 1, 2 and the default, rows = 4 at k = 40).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import pytest
 
 from protocols.audit import audit, equality_event
 from protocols.frequency import BLH, GRR, OLH, OUE, SUE, HadamardResponse, PublicMatrixOracle
-from protocols.frequency.hadamard import hadamard_entries
 from protocols.hashing import hash_values
 from tests.conftest import EPSILONS
 
@@ -35,7 +35,7 @@ def _events(oracle) -> list:
     if isinstance(oracle, HadamardResponse):
 
         def in_c(r, v):
-            return hadamard_entries(v + 1, r) == 1
+            return oracle.in_support(r, v)
 
         return [lambda r: in_c(r, V1), lambda r: in_c(r, V1) & ~in_c(r, V2)]
     if isinstance(oracle, PublicMatrixOracle):
@@ -53,7 +53,9 @@ FACTORIES = {
     "OUE": lambda eps: OUE(eps, K),
     "BLH": lambda eps: BLH(eps, K),
     "OLH": lambda eps: OLH(eps, K),
-    "HR": lambda eps: HadamardResponse(eps, K),
+    "HR": lambda eps: HadamardResponse(eps, K),  # k = 6: direct response at these ε (variance-optimal)
+    "HR-rows1": lambda eps: HadamardResponse(eps, K, rows=1),
+    "HR-rows2": lambda eps: HadamardResponse(eps, K, rows=2),
     "PublicMatrix": lambda eps: PublicMatrixOracle(eps, K, key=b"audit"),
 }
 
@@ -85,3 +87,19 @@ class _MislabelledGRR(GRR):
 def test_audit_catches_understated_epsilon(audit_trials):
     result = audit(_MislabelledGRR(), V1, V2, equality_event(V1), audit_trials, np.random.default_rng(6))
     assert not result.passed and result.epsilon_emp > 1.5
+
+
+class _MislabelledHR(HadamardResponse):
+    """Runs Hadamard response at 2.5 but claims ε = 1: the audit must catch it."""
+
+    def __init__(self, rows: int | None) -> None:
+        super().__init__(2.5, 40, rows=rows)
+        self.epsilon = 1.0
+
+
+@pytest.mark.parametrize("rows", [1, 2, None])
+def test_audit_catches_understated_epsilon_of_hadamard_response(rows, audit_trials):
+    oracle = _MislabelledHR(rows)
+    assert oracle.rows == (4 if rows is None else rows)  # k = 40 at ε = 2.5: t = 16 by default
+    result = audit(oracle, V1, V2, _events(oracle), audit_trials, np.random.default_rng(7 + (rows or 0)))
+    assert not result.passed and result.epsilon_emp > 1.5, f"rows={oracle.rows}: ε_emp={result.epsilon_emp:.3f}"

@@ -29,7 +29,9 @@ FACTORIES: dict[str, Callable[[float, int, np.random.Generator], object]] = {
     "OUE": lambda eps, k, rng: OUE(eps, k),
     "BLH": lambda eps, k, rng: BLH(eps, k),
     "OLH": lambda eps, k, rng: OLH(eps, k),
-    "HR": lambda eps, k, rng: HadamardResponse(eps, k),
+    "HR": lambda eps, k, rng: HadamardResponse(eps, k),  # k = 8: rows = 1 at ε = 0.5, direct at 2; k = 360: rows = 2
+    "HR-rows2": lambda eps, k, rng: HadamardResponse(eps, k, rows=2),
+    "HR-rows3": lambda eps, k, rng: HadamardResponse(eps, k, rows=3),
     "PublicMatrix": lambda eps, k, rng: PublicMatrixOracle(eps, k, key=int(rng.integers(0, 2**62))),
 }
 
@@ -62,9 +64,9 @@ def test_unbiased_with_predicted_variance(name, epsilon):
     )
 
 
-@pytest.mark.parametrize("name", ["GRR", "OUE", "OLH", "HR", "PublicMatrix"])
+@pytest.mark.parametrize("name", ["GRR", "OUE", "OLH", "HR", "HR-rows3", "PublicMatrix"])
 def test_large_domain_standardised_errors(name):
-    """One run at k = 360 (HR: K = 512; public matrix: 3 Philox blocks per column): z = (f̂ - f)/sd ~ N(0, 1)."""
+    """One run at k = 360 (HR: rows = 2, K = 2^11; public matrix: 3 Philox blocks per column): z = (f̂-f)/sd ~ N(0, 1)."""
     rng = np.random.default_rng(360)
     k, n = 360, 30_000
     probs = 1.0 / np.arange(1, k + 1) ** 1.1

@@ -97,7 +97,7 @@ def test_probabilities_match_spec(epsilon):
     assert olh.q_grr == pytest.approx(1 / (e + olh.g - 1), rel=RTOL)
     assert olh.q == 1 / olh.g
     assert BLH(epsilon, k).g == 2
-    hr = HadamardResponse(epsilon, k)
+    hr = HadamardResponse(epsilon, k, rows=1)  # the high-privacy design; the others: tests/unit/test_hadamard.py
     b = (e + 1) / (e - 1)
     assert hr.p == pytest.approx(e / (e + 1), rel=RTOL) and hr.q == 0.5
     for f in (0.0, 0.3, 1.0):
@@ -111,7 +111,7 @@ def test_olh_hash_range_by_epsilon():
 
 @pytest.mark.parametrize(("k", "K"), [(2, 4), (3, 4), (4, 8), (7, 8), (8, 16), (360, 512)])
 def test_hadamard_output_size(k, K):
-    assert HadamardResponse(1.0, k).K == K
+    assert HadamardResponse(1.0, k, rows=1).K == K
 
 
 @pytest.mark.parametrize("factory", [GRR, SUE, OUE, HadamardResponse])
@@ -119,7 +119,8 @@ def test_largest_epsilon_keeps_exact_probabilities(factory):
     o = factory(20.0, 3)  # probabilities are computed from e^{-ε}: no overflow, q > 0
     assert 0 < o.q < o.p <= 1.0
     ratio = o.p * (1 - o.q) / ((1 - o.p) * o.q) if factory in (SUE, OUE) else o.p / (1 - o.p)
-    if factory is GRR:
+    if factory is GRR or factory is HadamardResponse:  # HR at k = 3 is direct response (rows = 0)
+        assert factory is GRR or o.rows == 0
         ratio = o.p / o.q
     assert ratio == pytest.approx(math.exp(20.0), rel=1e-6)
     with pytest.raises(ValueError, match="epsilon must be <= 20"):
@@ -160,7 +161,7 @@ def test_decoders_reject_malformed_reports(rng):
     with pytest.raises(ValueError, match="seeds"):
         OLH(1.0, 5).support_counts(np.array([[-1, 0]]))
     with pytest.raises(ValueError, match=r"\[0, 8\)"):
-        HadamardResponse(1.0, 5).support_counts(np.array([8]))
+        HadamardResponse(1.0, 5, rows=1).support_counts(np.array([8]))
     pm = PublicMatrixOracle(1.0, 5, key="k")
     with pytest.raises(ValueError, match="±1"):
         pm.support_counts(np.array([[0, 0]]))
@@ -238,7 +239,7 @@ def test_local_hashing_exact_ratio_fixed_seed_and_over_seeds(factory, epsilon):
 @pytest.mark.parametrize("epsilon", EPSILONS)
 def test_hadamard_exact_ratio(epsilon):
     k = 6
-    o = HadamardResponse(epsilon, k)
+    o = HadamardResponse(epsilon, k, rows=1)
     table = np.stack([o.likelihood(np.arange(o.K), v) for v in range(k)])
     np.testing.assert_allclose(table.sum(axis=1), 1.0, rtol=RTOL)
     assert _max_ratio(table) == pytest.approx(math.exp(epsilon), rel=RTOL)
@@ -282,7 +283,7 @@ def test_samplers_match_likelihood(epsilon):
         codes = bits @ (1 << np.arange(k)[::-1])  # row → integer in [0, 2^k)
         outputs = np.array(list(itertools.product((0, 1), repeat=k)), dtype=np.uint8)
         assert _chisquare_pvalue(np.bincount(codes, minlength=2**k), unary.likelihood(outputs, v)) > 1e-4
-    hr = HadamardResponse(epsilon, k)
+    hr = HadamardResponse(epsilon, k, rows=1)
     assert (
         _chisquare_pvalue(np.bincount(hr.privatize(values, rng), minlength=hr.K), hr.likelihood(np.arange(hr.K), v))
         > 1e-4
@@ -333,7 +334,7 @@ def test_lh_extreme_seeds_do_not_overflow():
 
 
 def test_hadamard_support_counts_equal_brute_force(rng):
-    o = HadamardResponse(1.0, 11)
+    o = HadamardResponse(1.0, 11, rows=1)
     reports = o.privatize(rng.integers(0, 11, 3000), rng)
     h = hadamard_entries(np.arange(1, 12)[:, None], reports[None, :])
     np.testing.assert_array_equal(o.support_counts(reports), (h == 1).sum(axis=1))
