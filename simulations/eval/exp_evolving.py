@@ -54,6 +54,118 @@ def _normalise_values(v: np.ndarray) -> np.ndarray:
     return 2.0 * v / (SYN_K - 1) - 1.0
 
 
+#: the α-rounding bias "dominates" the pipeline's mean error where bias² is more than this share of its MSE
+DOMINANT_SHARE = 0.5
+#: the two-stage chains (ε1 = ε/2) compared at the largest ε
+CHAINS = ("L-GRR", "L-OSUE", "BiLOLOHA", "OLOLOHA", "RAPPOR")
+HM_FRESH = "HM, fresh every round (no memo)"
+
+
+def _bias_finding(mean_mse: dict[str, dict[float, Stat]], bias: dict[str, Stat], eps_list: list[float]) -> str:
+    """Whether α-rounding biased the pipeline's mean (|bias| > 2 standard errors) and whether bias² dominates the
+    pipeline's per-round mean MSE, at which ε."""
+    def significant(stat: Stat) -> bool:
+        se = stat.std / np.sqrt(max(stat.n, 1))
+        return abs(stat.mean) > 2 * se if se > 0 else stat.mean != 0
+
+    biased = [label for label, stat in bias.items() if significant(stat)]
+    text = ", ".join(f"{stat.mean:+.3f} ({label.split(': ', 1)[-1]}{'' if label in biased else ', not significant'})"
+                     for label, stat in bias.items())
+    if not biased:
+        return (f"The thesis pipeline's α-rounding shows no significant bias on Syn: the mean of the rounded values "
+                f"differs from the true mean by {text} on the [−1, 1] scale (within 2 standard errors).")
+    shares = {(label, e): bias[label].mean ** 2 / mean_mse[label][e].mean
+              for label in biased for e in eps_list if label in mean_mse and mean_mse[label][e].mean > 0}
+    dominated = sorted({e for (_, e), share in shares.items() if share > DOMINANT_SHARE})
+    out = (f"The thesis pipeline's α-rounding is biased on Syn: the mean of the rounded values differs from the true "
+           f"mean by {text} on the [−1, 1] scale. When Syn is volatile the adaptive step (range·score/η, "
+           "quantised, capped) is a large fraction of the range; the top cell then reaches past the bound and the "
+           "clipped rounding is no longer unbiased (a bias protocols/rounding.py documents)")
+    if not shares:
+        return out + "."
+    def span(values: list[float]) -> str:
+        lo, hi = fmt_float(min(values)), fmt_float(max(values))
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    squared = span([bias[label].mean ** 2 for label in biased])
+    mse = span([mean_mse[label][e].mean for label, e in shares])
+    if len(dominated) == len(eps_list):
+        tail = (f" — squared ({squared}), it dominates the pipeline's per-round mean error ({mse}) at every ε "
+                "(more than half of it).")
+    elif dominated:
+        tail = (f" — squared ({squared}), it dominates the pipeline's per-round mean error ({mse}) at "
+                f"ε ∈ {{{', '.join(f'{e:g}' for e in dominated)}}} (more than half of it), not at the other ε.")
+    else:
+        tail = (f" — squared ({squared}), it is less than half of the pipeline's per-round mean error ({mse}) at "
+                "every ε: the noise dominates.")
+    return out + tail
+
+
+def conclusions(raw: dict[str, dict[float, Stat]], post: dict[str, dict[float, Stat]],
+                mean_mse: dict[str, dict[float, Stat]], uniform_mse: float, bias: dict[str, Stat],
+                eps_list: list[float], peer_eps: list[float]) -> tuple[list[str], list[str]]:
+    """(headline, findings) computed from the measured tables (``{label: {ε: Stat}}``; ``bias`` per pipeline label)."""
+    findings = []
+    for eps in eps_list:
+        findings.append(
+            f"ε = {eps:g}: frequency (raw) lowest {best_of({k: v[eps] for k, v in raw.items()})}; "
+            f"mean lowest {best_of({k: v[eps] for k, v in mean_mse.items()})}."
+        )
+    if bias:
+        findings.append(_bias_finding(mean_mse, bias, eps_list))
+    beaten = sorted(((label, e) for label, by in raw.items() for e, st in by.items() if st.mean < uniform_mse),
+                    key=lambda x: (x[1], x[0]))
+    if not beaten:
+        uniform = (f"the data-independent uniform guess has MSE {fmt_float(uniform_mse)}, below every private raw "
+                   "estimate at these n and ε")
+        helped = [(label, e) for label, by in post.items() if label in raw for e in by
+                  if e in raw[label] and by[e].mean < raw[label][e].mean]
+        if helped and 2 * len(helped) >= sum(len(by) for label, by in post.items() if label in raw):
+            uniform += ("; clip+normalise looks good here mostly because it pulls estimates towards a flat "
+                        "histogram. The raw column is the honest noise comparison")
+    else:
+        uniform = (f"the data-independent uniform guess has MSE {fmt_float(uniform_mse)}; raw private estimates "
+                   "below it: " + ", ".join(f"{label} at ε = {e:g}" for label, e in beaten))
+    findings.append(f"Syn is uniform over k = {SYN_K} values, so per-item frequencies are ≈ 1/k = {1 / SYN_K:.4f}: "
+                    + uniform + ".")
+
+    lo_e, hi_e = eps_list[0], eps_list[-1]
+    best_raw = {e: min(raw, key=lambda k: raw[k][e].mean) for e in (lo_e, hi_e)}
+    agree = []
+    for label in post:
+        if "multi-freq-ldpy" not in label:
+            continue
+        ours = label.split(" — ")[0]
+        if ours in post and peer_eps:
+            e = peer_eps[0]
+            agree.append(post[label][e].mean / post[ours][e].mean)
+    chains = sorted((c for c in CHAINS if c in raw), key=lambda c: raw[c][hi_e].mean)
+    no_irr = " (dBitFlipPM with d = k has no IRR: ε1 = ε∞)" if any(
+        best_raw[e].startswith("dBitFlipPM") for e in best_raw) else ""
+    headline = [
+        f"Per-round frequency on Syn (raw, unbiased): lowest {best_raw[lo_e]} at ε = {lo_e:g} and {best_raw[hi_e]} "
+        f"at ε = {hi_e:g}{no_irr}; among the two-stage chains (ε1 = ε/2) at "
+        f"ε = {hi_e:g}: " + ", ".join(f"{c} {fmt_float(raw[c][hi_e].mean)}" for c in chains)
+        + (f"; multi-freq-ldpy's implementations give ×{min(agree):.2f}–{max(agree):.2f} our post-processed MSE"
+           if agree else "") + ".",
+    ]
+    pipes = list(PIPELINES)
+    e_mid = 1.0 if 1.0 in eps_list else lo_e
+    if all(k in mean_mse for k in (ONEBIT_LABEL, HM_FRESH, *pipes)):
+        record, alone = mean_mse[pipes[0]][e_mid].mean, mean_mse[pipes[2]][e_mid].mean
+        share = ("worse on the record, which shares ε among 16 attributes" if record > alone else
+                 "no worse on the record, although it shares ε among 16 attributes")
+        headline.append(
+            f"Per-round mean of the evolving value at ε = {e_mid:g}: memoized 1BitMean "
+            f"{fmt_float(mean_mse[ONEBIT_LABEL][e_mid].mean)}, "
+            f"fresh HM every round {fmt_float(mean_mse[HM_FRESH][e_mid].mean)}, "
+            f"the thesis pipeline on Syn alone {fmt_float(alone)} and on the 16-attribute "
+            f"Adult+Syn records {fmt_float(record)} (Haar) / "
+            f"{fmt_float(mean_mse[pipes[1]][e_mid].mean)} (auto) — {share}."
+        )
+    return headline, findings
+
+
 def run(config: EvalConfig) -> Section:
     syn = config.syn()
     if config.quick:
@@ -121,7 +233,7 @@ def run(config: EvalConfig) -> Section:
         hm = Hybrid(eps)
         rng = config.rng(NAME, "hm", eps, rep)
         hm_est = np.array([hm.estimate(hm.privatize(_normalise_values(values[:, t]), rng)) for t in range(rounds)])
-        add("mean", "HM, fresh every round (no memo)", eps, float(np.mean((hm_est - truth_mean) ** 2)))
+        add("mean", HM_FRESH, eps, float(np.mean((hm_est - truth_mean) ** 2)))
 
     peer_eps = [e for e in epsilons if e in (QUICK_PEER_EPSILONS if config.quick else PEER_EPSILONS)]
     peer_users = QUICK_PEER_USERS if config.quick else n  # quick: a smoke test of the peer path only
@@ -179,27 +291,6 @@ def run(config: EvalConfig) -> Section:
     for label, by_eps in mean_mse.items():
         mean_table.add(label, *(by_eps[eps].fmt() for eps in eps_list))
 
-    findings = []
-    for eps in eps_list:
-        findings.append(
-            f"ε = {eps:g}: frequency (raw) lowest {best_of({k: v[eps] for k, v in raw.items()})}; "
-            f"mean lowest {best_of({k: v[eps] for k, v in mean_mse.items()})}."
-        )
-    bias = {label: float(np.mean(v)) for label, v in rounding_bias.items()}
-    bias_text = ", ".join(f"{v:+.3f} ({label.split(': ', 1)[1]})" for label, v in bias.items())
-    findings.append(
-        "The thesis pipeline's α-rounding is biased on Syn: the mean of the rounded values differs from the true mean "
-        f"by {bias_text} on the [−1, 1] scale. Syn is so "
-        "volatile that the adaptive step (range·score/η, quantised, capped) is a large fraction of the range; the top "
-        "cell then reaches past the bound and the clipped rounding is no longer unbiased (a bias protocols/rounding.py "
-        "documents) — squared, it dominates the pipeline's per-round mean error."
-    )
-    findings.append(
-        f"Syn is uniform over k = {SYN_K} values, so per-item frequencies are ≈ 1/k = {1 / SYN_K:.4f}: the "
-        f"data-independent uniform guess has MSE {fmt_float(uniform_mse)}, below every private estimate at these n "
-        "and ε; clip+normalise looks good here mostly because it pulls estimates towards a flat histogram. The raw "
-        "column is the honest noise comparison."
-    )
     setup = f"""
 Syn (n = {n} users, k = {SYN_K} values; collection rounds {HISTORY}–{HISTORY + rounds - 1} evaluated per repetition
 (the first {HISTORY} fill the pipeline's volatility window); {reps} repetitions). Every protocol gets **ε∞ = ε** per
@@ -214,30 +305,9 @@ compared on the per-round mean, together with the thesis's whole pipeline (`Memo
 α-rounding of volatile attributes, memoized Haar-record or `auto` reports with ε per new memo key) on the Adult+Syn
 records (16 attributes: the Syn column shares ε with the 15 Adult attributes, as in the thesis) and on Syn alone.
 """
-    lo_e, hi_e = eps_list[0], eps_list[-1]
-    best_raw = {e: min(raw, key=lambda k: raw[k][e].mean) for e in (lo_e, hi_e)}
-    agree = []
-    for label in peers_post:
-        ours = label.split(" — ")[0]
-        if ours in post and peer_eps:
-            e = peer_eps[0]
-            agree.append(post[label][e].mean / post[ours][e].mean)
-    pipes = list(PIPELINES)
-    e_mid = 1.0 if 1.0 in eps_list else lo_e
-    chains = sorted(("L-GRR", "L-OSUE", "BiLOLOHA", "OLOLOHA", "RAPPOR"), key=lambda c: raw[c][hi_e].mean)
-    headline = [
-        f"Per-round frequency on Syn (raw, unbiased): lowest {best_raw[lo_e]} at ε = {lo_e:g} and {best_raw[hi_e]} "
-        f"at ε = {hi_e:g} (dBitFlipPM with d = k has no IRR: ε1 = ε∞); among the two-stage chains (ε1 = ε/2) at "
-        f"ε = {hi_e:g}: " + ", ".join(f"{c} {fmt_float(raw[c][hi_e].mean)}" for c in chains)
-        + (f"; multi-freq-ldpy's implementations give ×{min(agree):.2f}–{max(agree):.2f} our post-processed MSE"
-           if agree else "") + ".",
-        f"Per-round mean of the evolving value at ε = {e_mid:g}: memoized 1BitMean "
-        f"{fmt_float(mean_mse[ONEBIT_LABEL][e_mid].mean)}, "
-        f"fresh HM every round {fmt_float(mean_mse['HM, fresh every round (no memo)'][e_mid].mean)}, "
-        f"the thesis pipeline on Syn alone {fmt_float(mean_mse[pipes[2]][e_mid].mean)} and on the 16-attribute "
-        f"Adult+Syn records {fmt_float(mean_mse[pipes[0]][e_mid].mean)} (Haar) / "
-        f"{fmt_float(mean_mse[pipes[1]][e_mid].mean)} (auto) — the record shares ε among 16 attributes.",
-    ]
+    bias_stats = {label: summarise(v) for label, v in rounding_bias.items()}
+    bias = {label: stat.mean for label, stat in bias_stats.items()}
+    headline, findings = conclusions(raw, post, mean_mse, uniform_mse, bias_stats, eps_list, peer_eps)
     return Section(NAME, TITLE, setup, tables=[freq_table, mean_table], headline=headline,
                    figures=[Figure("exp4_evolving.png",
                                    "Experiment 4: per-round frequency MSE (raw, post-processed, peers) and per-round "

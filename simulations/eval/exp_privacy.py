@@ -54,6 +54,80 @@ def _composed(epsilon: float, charges: int) -> tuple[float, float, float]:
     return report.basic[0], report.advanced[0], report.rdp[0]
 
 
+#: "about" in the findings: a measured total within this factor of the one it is compared with
+ABOUT = 1.2
+#: value-memoized protocols: one charge per distinct value a device reports
+VALUE_MEMOIZED = ("L-GRR", "L-OSUE", "RAPPOR")
+#: hashed or bucketed protocols whose own bound caps the spend whatever the changes (those measured in this run)
+CAPPED = ("BiLOLOHA", "OLOLOHA", "dBitFlipPM (b=k, d=1)")
+
+
+def _held(row: dict[str, float]) -> bool:
+    return not np.isfinite(row["bound"]) or row["max"] <= row["bound"] * (1 + 1e-9)
+
+
+def conclusions(summary: dict[str, dict[str, float]], tau: int, changes: float, distinct: float,
+                irr: dict[str, float], eps1: float, device_lgrr: tuple[float, float]) -> tuple[list[str], list[str]]:
+    """(headline, findings) computed from the measurements: ``summary[label]`` = mean/median/p95/max per-device
+    totals and the protocol's ``bound``; ``changes`` the fraction of rounds a value changes, ``distinct`` the mean
+    distinct values per device, ``irr[label]`` the ε of one IRR for a changed input (inf without an IRR),
+    ``eps1`` and ``device_lgrr`` = (L-GRR's device-unit bound over τ rounds, a fresh GRR at ε1 every round)."""
+    fresh = EPSILON * tau
+    memo = [k for k in VALUE_MEMOIZED if k in summary]
+    ratios = {k: summary[k]["mean"] / (distinct * EPSILON) for k in memo}
+    if ratios and all(1 / ABOUT <= r <= ABOUT for r in ratios.values()):
+        per_value = f"so value-memoized protocols ({', '.join(memo)}) charge about that many ε∞"
+    else:
+        per_value = ("so value-memoized protocols charge ×" + ", ×".join(f"{r:.2f} ({k})" for k, r in ratios.items())
+                     + " that many ε∞")
+    ref = memo[0] if memo else min((k for k in summary if k != BASELINE), key=lambda k: summary[k]["mean"])
+    cheaper = "below" if summary[ref]["mean"] < fresh else "not below"
+    capped = [k for k in CAPPED if k in summary]
+    held = [k for k in summary if np.isfinite(summary[k]["bound"]) and _held(summary[k])]
+    broken = [k for k in summary if not _held(summary[k])]
+    cheapest = min((k for k in summary if k != BASELINE), key=lambda k: summary[k]["mean"])
+    caps = "; ".join(f"{k} max {fmt_float(summary[k]['max'])} against its bound {fmt_float(summary[k]['bound'])}"
+                     for k in capped)
+    bound_text = (f"Every protocol's most-charged device stayed within the protocol's own bound ({len(held)} with a "
+                  "bound)." if not broken else
+                  "The bound was EXCEEDED by " + ", ".join(
+                      f"{k} (max {fmt_float(summary[k]['max'])} > {fmt_float(summary[k]['bound'])})" for k in broken)
+                  + ".")
+    no_irr = [k for k, e in irr.items() if not np.isfinite(e)]
+    lgrr_irr = irr.get("L-GRR", float("nan"))
+    relation = "more than" if lgrr_irr > eps1 * (1 + 1e-9) else ("equal to" if lgrr_irr >= eps1 * (1 - 1e-9)
+                                                                    else "less than")
+    findings = [
+        f"Syn changes value in {changes:.0%} of rounds; a device sees {distinct:.1f} distinct values on "
+        f"average over {tau} rounds, {per_value}: mean {fmt_float(summary[ref]['mean'])} ({ref}), {cheaper} the "
+        f"{fmt_float(fresh)} of a fresh report every round.",
+        f"Cheapest: {cheapest} (mean {fmt_float(summary[cheapest]['mean'])}, bound "
+        f"{fmt_float(summary[cheapest]['bound'])}; its utility: experiment 4)" + (f"; {caps}" if caps else "")
+        + ". " + bound_text,
+        "These are value-unit totals: they bound what the transcript reveals about each value, not when a value "
+        f"changes, which only the IRR protects — at ε = {fmt_float(lgrr_irr)} per report for L-GRR here "
+        f"({relation} ε1 = {fmt_float(eps1)})"
+        + (f"; {', '.join(no_irr)} have none" if no_irr else "")
+        + f". Under the device unit (edge_agent's default) L-GRR over {tau} rounds costs "
+        f"{fmt_float(device_lgrr[0])}, a fresh GRR at ε1 every round {fmt_float(device_lgrr[1])}.",
+    ]
+    pipe = next((k for k in PIPELINES if k in summary), None)
+    parts = [f"{k} {fmt_float(summary[k]['mean'])}"
+             + (f" (max {fmt_float(summary[k]['max'])} {'≤' if _held(summary[k]) else '>'} its bound "
+                f"{fmt_float(summary[k]['bound'])})" if np.isfinite(summary[k]["bound"]) else "")
+             for k in capped]
+    if memo:
+        parts.append(f"value-memoized {'/'.join(memo)} {fmt_float(summary[memo[0]]['mean'])}")
+    if pipe:
+        parts.append(f"the thesis pipeline {fmt_float(summary[pipe]['mean'])}")
+    headline = [
+        f"Mean ε charged per device over {tau} rounds at ε∞ = {EPSILON:g}: " + ", ".join(parts)
+        + f", a fresh report every round {fmt_float(fresh)}."
+        + (f" Change times leak without an IRR ({', '.join(no_irr)})." if no_irr else ""),
+    ]
+    return headline, findings
+
+
 def run(config: EvalConfig) -> Section:
     syn = config.syn()
     if config.quick:
@@ -134,23 +208,10 @@ def run(config: EvalConfig) -> Section:
     fig.savefig(config.img_dir / "exp6_privacy_spent.png")
     plt.close(fig)
 
-    cheapest = min((k for k in summary if k != BASELINE), key=lambda k: summary[k]["mean"])
     protos = _protocols()
-    findings = [
-        f"Syn changes value in {changes:.0%} of rounds; a device sees {np.mean(distinct):.1f} distinct values on "
-        f"average over {tau} rounds, so value-memoized protocols (L-GRR, L-OSUE, RAPPOR) charge about that many "
-        f"ε∞: mean {fmt_float(summary['L-GRR']['mean'])} versus {fmt_float(EPSILON * tau)} for a fresh report "
-        "every round.",
-        f"Cheapest: {cheapest} (mean {fmt_float(summary[cheapest]['mean'])}, bound "
-        f"{fmt_float(summary[cheapest]['bound'])}); LOLOHA's hashing caps the spend at g·ε∞ whatever the changes, "
-        "dBitFlipPM (d = 1) at 2ε — at the utility cost shown in experiment 4.",
-        "These are value-unit totals: they bound what the transcript reveals about each value, not when a value "
-        f"changes, which only the IRR protects — at ε = {fmt_float(protos['L-GRR'].irr_input_epsilon)} per report "
-        f"for L-GRR here (more than ε1 = {fmt_float(protos['L-GRR'].epsilon_1)}); dBitFlipPM and 1BitMean (γ = 0) "
-        f"have none. Under the device unit (edge_agent's default) L-GRR over {tau} rounds costs "
-        f"{fmt_float(protos['L-GRR'].device_epsilon(tau))}, a fresh GRR at ε1 every round "
-        f"{fmt_float(protos['L-GRR'].epsilon_1 * tau)}.",
-    ]
+    irr = {label: proto.irr_input_epsilon for label, proto in protos.items()}
+    lgrr = protos["L-GRR"]
+    device_lgrr = (lgrr.device_epsilon(tau), lgrr.epsilon_1 * tau)
     setup = f"""
 Syn (n = {n} devices, τ = {tau} rounds, k = {SYN_K}); every protocol at **ε∞ = {EPSILON:g}** (chains: ε1 = ε/2; RAPPOR
 calibrated to the same pair; dBitFlipPM with b = k and d ∈ {{1, k}}; α-rounding + memoization = memoized 1BitMean on 16
@@ -162,15 +223,8 @@ advanced and RDP columns compose the median (or the
 maximum) device's charges with `protocols.accounting.Accountant` at δ = {DELTA:g} (each an (ε, δ) guarantee; they
 beat basic composition only when a device accumulates many charges).
 """
-    pipe = next(iter(PIPELINES))
-    headline = [
-        f"Mean ε charged per device over {tau} rounds at ε∞ = {EPSILON:g}: BiLOLOHA "
-        f"{fmt_float(summary['BiLOLOHA']['mean'])} (capped at g·ε∞), dBitFlipPM d = 1 "
-        f"{fmt_float(summary['dBitFlipPM (b=k, d=1)']['mean'])}, value-memoized L-GRR/L-OSUE/RAPPOR "
-        f"{fmt_float(summary['L-GRR']['mean'])}, the thesis pipeline {fmt_float(summary[pipe]['mean'])}, "
-        "a fresh report "
-        f"every round {fmt_float(EPSILON * tau)}. Change times leak without an IRR (dBitFlipPM, 1BitMean).",
-    ]
+    headline, findings = conclusions(summary, tau, changes, float(np.mean(distinct)), irr, lgrr.epsilon_1,
+                                     device_lgrr)
     return Section(NAME, TITLE, setup, tables=[table], headline=headline,
                    figures=[Figure("exp6_privacy_spent.png",
                                    "Experiment 6: cumulative ε charged per device over the rounds (log scale).")],
