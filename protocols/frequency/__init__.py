@@ -15,9 +15,12 @@ GRR                 int64 value in [0, k)                 e^ε/(e^ε+k-1), 1/(e^
 SUE                 uint8 row of k bits                   e^{ε/2}/(e^{ε/2}+1), 1/(e^{ε/2}+1)
 OUE                 uint8 row of k bits                   1/2, 1/(e^ε+1)
 BLH, OLH            int64 pair [seed, y], y in [0, g)     e^ε/(e^ε+g-1), 1/g
-HadamardResponse    int64 y in [0, K), K = 2^⌈log2(k+1)⌉  e^ε/(e^ε+1), 1/2
+HadamardResponse    int64 y in [0, K), K set by ``rows``  e^ε/(e^ε+t-1), 1/t with t = 2^rows
 PublicMatrixOracle  int64 pair [user index i, y = ±1]     e^ε/(e^ε+1), 1/2 (over the public matrix)
 ==================  ====================================  =========================================
+
+HadamardResponse chooses ``rows`` (the number of Hadamard rows cutting a support set) by ε and k to minimise the
+variance — ``rows = 0`` is direct response with GRR's p, q and K = k — see :mod:`protocols.frequency.hadamard`.
 
 Consistency post-processing (:func:`project_simplex`, :func:`clip_normalise`) is separate from ``estimate`` and
 trades the unbiasedness of the raw estimate for a valid distribution.
