@@ -277,6 +277,13 @@ def test_rappor_rank_deficient_decoder_is_unbiased_for_the_identifiable_projecti
     assert abs(est.sum() - 1.0) < 1e-9 and np.abs(est - pi).max() > 1e-3
     nn = protocol.decode_bit_counts(protocol.denoise_counts(counts, n_c), n_c, method="nnls")
     assert np.all(nn >= 0) and np.linalg.norm(x @ nn - x @ pi) < 1e-6  # fits the identifiable part exactly
+    # a candidate listed twice: identical columns, rank K - 1; minimum norm splits the estimate evenly
+    wide = RAPPOR(num_bits=32, num_hashes=2, num_cohorts=8, f=0.5, p=0.4, q=0.8, domain_size=20)
+    assert wide.design_rank(candidates=[0, 0, 1]) == 2
+    rng = np.random.default_rng(6)
+    reports, _ = wide.privatize_round(rng.integers(0, 2, 500), wide.new_fleet(500, rng), rng)
+    split, once = wide.estimate_round(reports, candidates=[0, 0, 1]), wide.estimate_round(reports, candidates=[0, 1])
+    np.testing.assert_allclose(split, [once[0] / 2, once[0] / 2, once[1]], rtol=0, atol=1e-9)
 
 
 def test_rappor_nnls_option_is_non_negative():
