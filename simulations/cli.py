@@ -1,7 +1,7 @@
 """``haarvest simulate …``: the research evaluation and the Flower fleet simulation.
 
 * ``haarvest simulate eval [--quick] [--only NAME …] [--reps R] [--seed S] [--out DIR]`` runs the experiments of
-  :mod:`simulations.eval` and writes ``results.md`` plus ``img/*.png`` (``docs/`` for a full run);
+  :mod:`simulations.eval` and writes ``results.md`` plus ``img/*.png`` (``docs/generated/`` for a full run);
 * ``haarvest simulate flower …`` runs :func:`simulations.flower_sim.main` (imported only when asked for).
 """
 
@@ -82,7 +82,7 @@ def register(subparsers: Any) -> None:
 
     ev = sub.add_parser(
         "eval",
-        help="reproduce the thesis's experiments honestly (docs/results.md, docs/img/*.png)",
+        help="reproduce the thesis's experiments honestly (docs/generated/results.md, docs/generated/img/*.png)",
         description="Run the evaluation experiments (SPEC §6) and write results.md with tables and PNG plots.",
     )
     ev.add_argument("--quick", action="store_true", help="small sizes (< 60 s; writes to out/eval-quick)")
@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
     ev.add_argument("--reps", type=_positive_int, default=None, help="repetitions per configuration (default 10; "
                     "quick 2)")
     ev.add_argument("--seed", type=_seed, default=None, help="global seed (default 20261122)")
-    ev.add_argument("--out", default=None, help="output directory (default docs/ for a full run)")
+    ev.add_argument("--out", default=None, help="output directory (default docs/generated/ for a full run)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bars")
     ev.set_defaults(func=run_eval)
 

@@ -1,4 +1,4 @@
-"""Run every benchmark section and print the combined Markdown report (also written to docs/bench.md).
+"""Run every benchmark section and print the combined Markdown report (also written to docs/generated/bench.md).
 
 With ``--only``, an existing report keeps its other sections: each section run replaces the section of the same
 ``## `` heading (or is appended), so ``make bench BENCH_ARGS="--only ingest"`` refreshes one table in place."""
@@ -15,13 +15,16 @@ import time
 from pathlib import Path
 
 import simulations.bench as bench_pkg
+from simulations import GENERATED_DOCS
+
+DEFAULT_OUT = GENERATED_DOCS / "bench.md"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     parser.add_argument("--only", nargs="*", help="section module names to run")
-    parser.add_argument("--out", default="docs/bench.md")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
     parts = [
         "# haarvest benchmarks",

@@ -183,7 +183,7 @@ class Figure:
 
 @dataclass
 class Section:
-    """One experiment's contribution to docs/results.md, plus its raw numbers (``data``) for tests."""
+    """One experiment's contribution to docs/generated/results.md, plus its raw numbers (``data``) for tests."""
 
     name: str
     title: str

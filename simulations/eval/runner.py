@@ -1,7 +1,7 @@
 """Run the evaluation experiments and write the report (``haarvest simulate eval``).
 
 The experiments are modules of this package listed in :data:`EXPERIMENTS` (report order); each exposes ``NAME``,
-``TITLE`` and ``run(config) -> Section``. A full run writes ``docs/results.md`` and ``docs/img/*.png``; quick runs
+``TITLE`` and ``run(config) -> Section``. A full run writes ``docs/generated/results.md`` and ``docs/generated/img/*.png``; quick runs
 and ``--only`` runs write to ``out/eval-quick`` / ``out/eval`` unless ``--out`` is given, so they never overwrite
 the committed report with partial or small-sample numbers.
 """
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from simulations import GENERATED_DOCS
 from simulations.eval._blas import limit_blas_threads
 from simulations.eval.common import DEFAULT_SEED, EvalConfig, Section, progress
 from simulations.eval.report import write_report
@@ -53,7 +54,7 @@ def default_out_dir(quick: bool, only: Sequence[str] | None) -> Path:
         return REPO_ROOT / "out" / "eval-quick"
     if only:
         return REPO_ROOT / "out" / "eval"
-    return REPO_ROOT / "docs"
+    return REPO_ROOT / GENERATED_DOCS
 
 
 def run_experiments(config: EvalConfig, only: Sequence[str] | None = None) -> tuple[list[Section], Path]:

@@ -16,8 +16,9 @@ import pytest
 from haarvest.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "deploy").rglob("*.md")),
-        ROOT / "data" / "adult" / "README.md"]
+GENERATED = ROOT / "docs" / "generated"  # the reports `make eval` and `make bench` write (simulations.GENERATED_DOCS)
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(GENERATED.glob("*.md")),
+        *sorted((ROOT / "deploy").rglob("*.md")), ROOT / "data" / "adult" / "README.md"]
 COMMAND = re.compile(r"^(?:sudo -u \S+ |sudo )?(?:\S*/)?(?:\$HAARVEST|haarvest)(?= |$)")
 SYNOPSIS_ONLY = ("required", "expected one argument")  # "…" / "..." in a synopsis stands for what is left out
 
@@ -85,3 +86,30 @@ def test_every_quoted_make_target_exists():
               for m in re.findall(r"(?:^|\s)make ([a-z][a-z0-9-]*)", line)}
     missing = sorted(q for q in quoted if q[1] not in targets)
     assert quoted and not missing, missing
+
+
+def test_generated_reports_live_apart_from_the_hand_written_docs():
+    """`make eval` and `make bench` write into docs/generated/ only (their defaults), so no generator overwrites a
+    hand-written page; every hand-written page's pointer to a generated report names a file that exists."""
+    from simulations import GENERATED_DOCS
+    from simulations.bench.__main__ import DEFAULT_OUT
+    from simulations.eval.report import REPORT_NAME
+    from simulations.eval.runner import default_out_dir
+
+    assert ROOT / GENERATED_DOCS == GENERATED
+    assert default_out_dir(quick=False, only=None) == GENERATED
+    assert (ROOT / DEFAULT_OUT).parent == GENERATED
+    assert (GENERATED / REPORT_NAME).is_file() and (ROOT / DEFAULT_OUT).is_file()
+    hand_written = [d for d in DOCS if GENERATED not in d.parents]
+    for doc in hand_written:
+        text = doc.read_text(encoding="utf-8")
+        assert not text.startswith(("# haarvest — evaluation results", "# haarvest benchmarks")), doc
+        for path in re.findall(r"docs/generated/[\w./-]*\w", text):
+            assert (ROOT / path).exists(), f"{doc.relative_to(ROOT)} points at {path}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: str(d.relative_to(ROOT)))
+def test_relative_links_to_docs_and_images_resolve(doc):
+    for target in re.findall(r"\]\(([^)\s#]+\.(?:md|png))(?:#[^)]*)?\)", doc.read_text(encoding="utf-8")):
+        if "://" not in target:
+            assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links to missing {target}"
