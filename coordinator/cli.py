@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.run_config import DEFAULT_DB, DEFAULT_KEY  # noqa: F401 - the defaults, re-exported
 
+from protocols.errors import PublishError
+
 if TYPE_CHECKING:
     from coordinator.run_config import RunOptions
 
@@ -178,10 +180,6 @@ def cmd_devices(args: argparse.Namespace) -> int:
 _OWN_CERT = ("publishing rounds needs the round publisher's own certificate (rounds_cert and rounds_key, CN "
              "coordinator-rounds): with the ingest's certificate the broker would hand this connection the ingest's "
              "session")
-
-
-class PublishError(RuntimeError):
-    """Round configurations could not be published (no connection, or the broker refused them)."""
 
 
 def _mqtt_connect(o: "RunOptions", protocol: int):  # noqa: ANN202 - paho Client

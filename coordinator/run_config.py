@@ -33,6 +33,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from protocols.errors import RunConfigError
+
 __all__ = ["RunOptions", "RunConfigError", "load_options", "read_config_file", "PATH_KEYS"]
 
 DEFAULT_DB = "haarvest-coordinator.db"
@@ -41,10 +43,6 @@ DEFAULT_KEY = "coordinator.key"
 PATH_KEYS = ("db", "key", "devices", "mqtt_ca", "mqtt_cert", "mqtt_key", "rounds_cert", "rounds_key", "api_tokens")
 #: files that must exist when given (the round-signing ``key`` and a SQLite ``db`` are created if missing)
 EXISTING_FILE_KEYS = ("devices", "mqtt_ca", "mqtt_cert", "mqtt_key", "rounds_cert", "rounds_key")
-
-
-class RunConfigError(ValueError):
-    """A configuration file or option that cannot be used; the message names the file and key."""
 
 
 class RunOptions(BaseModel):

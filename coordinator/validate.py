@@ -58,22 +58,19 @@ from coordinator.decode import StreamDecoder
 from protocols.contract import RoundParams, StreamSpec, body_row, parse_round_params
 from coordinator.store import STORE_ERRORS, Store, StoredReport
 from protocols import wire
+from protocols.errors import RejectReason
 
 __all__ = ["Validator", "REASONS", "DUPLICATE", "AUTHENTIC_REJECTIONS", "per_device_counters"]
 
 log = logging.getLogger(__name__)
 
-DUPLICATE = "duplicate"
+DUPLICATE = RejectReason.DUPLICATE
 #: a validly signed report whose seq the device already used (with other content) or that lies below its
 #: high-water mark: the device restarted its sequence — a reset, restored or older ledger (edge_agent.ledger_guard)
-SEQ_REGRESSION = "seq_regression"
+SEQ_REGRESSION = RejectReason.SEQ_REGRESSION
 #: seq and boot are stored as signed 64-bit integers.
 MAX_COUNTER = 2**63 - 1
-REASONS = (
-    "too_large", "malformed", "schema", "wrong_topic", "device_mismatch", "unknown_device", "revoked_device",
-    "quarantined", "unsigned", "bad_signature", "unknown_round", "round_closed", "off_contract", "wrong_stream",
-    "wrong_mechanism", "bad_body", SEQ_REGRESSION, "already_reported", DUPLICATE, "internal_error",
-)
+REASONS = tuple(RejectReason)  # the one list of reason codes: protocols.errors
 
 #: rejections of a report whose signature verified: its receipt names the seq, and the device stops re-sending it
 AUTHENTIC_REJECTIONS = ("unknown_round", "round_closed", "off_contract", "wrong_stream", "wrong_mechanism",

@@ -7,8 +7,10 @@ Public API: :class:`edge_agent.agent.Agent`, :func:`edge_agent.agent.run_fleet`,
 
 import logging as _logging
 
+from protocols.errors import ConfigError
+
 from .agent import Agent, ReportOutcome, run_fleet
-from .config import AgentConfig, ConfigError, Secrets, load_config, load_secrets, parse_config
+from .config import AgentConfig, Secrets, load_config, load_secrets, parse_config
 
 __all__ = [
     "Agent",

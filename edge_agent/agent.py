@@ -28,14 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from protocols import wire
+from protocols.errors import InvalidRecord, Refused
 
 from .config import AgentConfig, Secrets, load_secrets
 from .ledger_guard import check_ledger, write_mark
 from .ledger_guard import compare as compare_ledger
-from .pipeline import InvalidRecord, Pipeline, PreparedReport, Record
+from .pipeline import Pipeline, PreparedReport, Record
 from .rounds import RoundCheck, RoundStatus, answer_round
 from .sources import build_sources, source_position
-from .state import Commit, Refused, ReportRequest, State
+from .state import Commit, ReportRequest, State
 from .systemd import Notifier
 from .transport import MqttTransport
 

@@ -72,6 +72,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocols import wire
+from protocols.errors import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -94,10 +95,6 @@ __all__ = [
 
 ENV_PREFIX = "HAARVEST_AGENT__"
 Ident = wire.Ident
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message says which key and why."""
 
 
 class _Model(BaseModel):

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from protocols.errors import LedgerIntegrityError
+
 __all__ = ["LedgerIntegrityError", "MARK_NAME", "RESETS_NAME", "read_mark", "write_mark", "start_mark",
            "check_ledger", "compare", "reset_ledger"]
 
@@ -42,11 +44,6 @@ MARK_NAME = "ledger.mark"
 RESETS_NAME = "ledger.resets"
 #: the mark's monotonic numbers, in the order they are compared
 MONOTONIC = ("boot", "next_seq", "ledger_rows", "spent_total")
-
-
-class LedgerIntegrityError(RuntimeError):
-    """The ledger is missing, older than the device's mark, another ledger, or inconsistent: the agent refuses to
-    start (the message is one line and says how to reset on purpose)."""
 
 
 def _fsync_dir(path: Path) -> None:

@@ -67,9 +67,10 @@ import numpy as np
 from protocols.contract import CHANGE_BOUNDED, LONGITUDINAL_PROTOCOLS, HeavyHitterSpec, StreamSpec, heavy_hitter_items
 from protocols import registry, wire
 from protocols.base import FrequencyOracle, NumericMechanism, os_rng
+from protocols.errors import ConfigError, InvalidRecord, SpecMismatch
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
 
-from .config import AgentConfig, ConfigError, DimensionConfig, StreamConfig
+from .config import AgentConfig, DimensionConfig, StreamConfig
 
 __all__ = [
     "InvalidRecord",
@@ -94,55 +95,6 @@ AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
     "scalar": ("hybrid", "duchi_md", "haar"),
     "vector": ("ksampling", "duchi_md", "haar"),
 }
-
-
-class SpecMismatch(ValueError):
-    """A round's stream spec this device will not follow. ``reason``: malformed | unit | kind | dims | bounds |
-    epsilon | delta | shape | mechanism | rounding | labels."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
-class InvalidRecord(ValueError):
-    """A reading that cannot be reported. ``reason``: missing | wrong_type | not_finite | out_of_domain.
-
-    The message names the dimension and the reason only, never a value. ``value`` holds the offending value: the
-    agent's log describes it by kind (:meth:`described_value`: "text of 16 characters", "a non-finite number",
-    "an integer outside [0, 3)") beside the source line, so the operator can find it in the source; the value
-    itself appears only with ``privacy.log_invalid_values = true`` (:meth:`shown_value`) — it may be a real
-    reading, and a log can leave the device. Valid readings never reach a log."""
-
-    def __init__(self, reason: str, dimension: str, detail: str = "", value: Any = None, domain: str = "") -> None:
-        super().__init__(f"dimension {dimension!r}: {reason}" + (f" ({detail})" if detail else ""))
-        self.reason = reason
-        self.dimension = dimension
-        self.value = value
-        self.domain = domain
-
-    def described_value(self) -> str:
-        """The offending value's kind, without its content."""
-        v = self.value
-        if v is None:
-            return "nothing"
-        if isinstance(v, bool):
-            return "a boolean"
-        if isinstance(v, str):
-            return f"text of {len(v)} characters"
-        if isinstance(v, numbers.Real):
-            x = float(v)
-            if not math.isfinite(x):
-                return "a non-finite number"
-            if self.reason == "out_of_domain":
-                return f"an integer outside {self.domain}" if self.domain else "a number outside the domain"
-            return "a number with a fractional part" if x != int(x) else "a number"
-        return f"a {type(v).__name__}"
-
-    def shown_value(self) -> str:
-        """The offending value itself (repr, at most 40 characters): only with ``privacy.log_invalid_values``."""
-        text = repr(self.value)
-        return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from protocols.errors import SourceError
+
 __all__ = [
     "Source",
     "SourceError",
@@ -42,10 +44,6 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "haarvest.sources"
 Reading = Mapping[str, Any]
-
-
-class SourceError(RuntimeError):
-    """A source that cannot be built or read (missing file, bad plugin, unreadable /proc)."""
 
 
 @runtime_checkable

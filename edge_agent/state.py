@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from protocols.accounting import BudgetExceededError, check_cap
+from protocols.accounting import check_cap
+from protocols.errors import BudgetExceededError, Refused
 
 __all__ = ["State", "Refused", "Commit", "ReportRequest", "OutboxRow", "SCHEMA_VERSION"]
 
@@ -104,16 +105,6 @@ CREATE TRIGGER IF NOT EXISTS resets_append_only_u BEFORE UPDATE ON resets
 CREATE TRIGGER IF NOT EXISTS resets_append_only_d BEFORE DELETE ON resets
     BEGIN SELECT RAISE(ABORT, 'the reset record is append-only'); END;
 """
-
-
-class Refused(Exception):
-    """A report the device will not send. ``reason``: total_cap | stream_cap | delta_cap | round_budget |
-    outbox_full | too_large."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)

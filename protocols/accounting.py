@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from protocols.base import check_delta, check_epsilon, check_int
+from protocols.errors import BudgetExceededError  # noqa: F401 (part of this module's API: Accountant raises it)
 
 __all__ = [
     "DEFAULT_ORDERS",
@@ -299,16 +300,6 @@ class SpendReport:
     @property
     def best_delta(self) -> float:
         return max(self.basic[1], self.advanced[1], self.rdp[1])
-
-
-class BudgetExceededError(ValueError):
-    """A charge would push a stream (or the total, a round, δ) past its cap; nothing was recorded. ``reason``:
-    ``stream_cap``, ``total_cap``, ``round_budget`` or ``delta_cap``."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass

@@ -36,6 +36,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from protocols.errors import WireError
+
 SCHEMA_VERSION = 1
 TOPIC_PREFIX = "haarvest/v1"
 #: Identifiers are topic-safe: no MQTT wildcards or separators.
@@ -83,18 +85,6 @@ __all__ = [
     "load_private_key",
     "private_key_b64",
 ]
-
-
-class WireError(ValueError):
-    """A message that is malformed, unsigned, wrongly signed or otherwise unacceptable. ``reason`` is a short code."""
-
-    def __init__(self, reason: str, detail: str = "", device_id: str | None = None, seq: int | None = None) -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        #: the (authenticated) device a rejection is charged to, where one is known (per-device counters)
-        self.device_id = device_id
-        #: the report's seq when its signature verified: the device is told (receipt) not to re-send it
-        self.seq = seq
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)

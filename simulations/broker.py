@@ -27,14 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from protocols.errors import BrokerUnavailable
+
 __all__ = ["Broker", "BrokerUnavailable", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python",
            "die_with_parent", "dynsec_plugin", "shipped_tls_conf"]
 
 Kind = Literal["auto", "mosquitto", "amqtt"]
-
-
-class BrokerUnavailable(RuntimeError):
-    """Neither mosquitto nor amqtt can be started here."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -30,6 +30,8 @@ import numpy as np
 from protocols.base import check_int
 from simulations import syn
 
+from protocols.errors import DatasetError
+
 __all__ = [
     "ADULT_ENV",
     "ADULT_FILES",
@@ -67,10 +69,6 @@ SYN_K = 360
 SYN_CHANGE_PROBABILITY = 0.25
 
 Kind = Literal["C", "D"]
-
-
-class DatasetError(ValueError):
-    """A data file is missing or does not match its declared domain."""
 
 
 @dataclass(frozen=True)
