@@ -414,7 +414,7 @@ class Agent:
         answer every stream as configured — build rounds from this (the device refuses other bounds)."""
         if self.pipeline is not None:
             return self.pipeline.stream_specs()
-        from .pipeline import stream_specs
+        from .plans import stream_specs
 
         return stream_specs(self.config)
 

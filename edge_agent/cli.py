@@ -33,7 +33,7 @@ def _fail(msg: str, code: int = 2) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_secrets
-    from .pipeline import build_stream_plan
+    from .plans import build_stream_plan
 
     try:
         cfg = _load(args)
@@ -62,7 +62,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         summary["secrets"] = str(exc)
         summary["warnings"].append("secrets missing or unreadable: run `haarvest agent enroll`")
     if cfg.sources and not args.no_source_check:
-        from .pipeline import InvalidRecord, Pipeline
+        from protocols.errors import InvalidRecord
+
+        from .pipeline import Pipeline
         from .sources import SourceError, build_sources
 
         try:
@@ -111,7 +113,9 @@ def replay_warnings(cfg: Any, max_rows: int = 1_000_000) -> list[str]:
     """Scan each replay file (once, at most ``max_rows`` rows) for values the agent would clip (numeric values
     outside the declared bounds) or drop (not a number, not finite, not a category): one warning per dimension
     and file, with counts, the observed range and the first offending line."""
-    from .pipeline import InvalidRecord, check_value
+    from protocols.errors import InvalidRecord
+
+    from .readings import check_value
     from .sources import ReplaySource
 
     out: list[str] = []
@@ -216,7 +220,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _privacy_units(cfg: Any) -> dict[str, Any]:
     """Per stream: the privacy unit its charges are true for, the charge, and what the unit does not hide."""
-    from .pipeline import ConfigError, build_stream_plan, privacy_statement
+    from protocols.errors import ConfigError
+
+    from .plans import build_stream_plan, privacy_statement
 
     out: dict[str, Any] = {}
     for s in cfg.effective_streams():

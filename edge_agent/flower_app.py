@@ -11,7 +11,7 @@ privacy changes with the transport:
 * the round's ε is clamped to the device's ``privacy.max_round_epsilon`` (or the round is refused, by the device's
   ``round_policy``), and every report is charged in the device's ledger before it leaves (``Agent.report``);
 * which streams a device answers, and how, is decided by the one device/coordinator contract of the MQTT agent
-  (:meth:`edge_agent.pipeline.Pipeline.round_plans`, :func:`edge_agent.pipeline.plan_for_spec`): the round's
+  (:meth:`edge_agent.pipeline.Pipeline.round_plans`, :func:`edge_agent.round_contract.plan_for_spec`): the round's
   dims, bounds and labels must be the device's, its mechanism must fit the stream and stay within the device's ε
   (and δ), its rounding steps must be the device's nested grid steps; Haar and longitudinal streams are answered
   like any other. A refused stream is skipped (``spec_<reason>``), the others are answered — the

@@ -428,7 +428,7 @@ def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
     """Run the whole demo (see the module docstring); returns what it measured."""
     from protocols.contract import parse_round_params
     from coordinator.service import Coordinator, CoordinatorConfig
-    from edge_agent.pipeline import stream_specs
+    from edge_agent.plans import stream_specs
     from simulations.broker import start_broker
 
     t0 = time.monotonic()

@@ -6,11 +6,11 @@
   direct HM k-sampling, Duchi multi-dim, per-dimension frequency oracles), with the variances compared.
 * :class:`MemoizedPipeline` — the vectorised fleet simulator of the whole device pipeline (volatility, epoch
   steps, α-rounding, normalisation, memoized record reports, per-device ε accounting).
-* :func:`normalise`, :func:`denormalise`, :func:`record_memo_key` — small per-device helpers.
+* :func:`normalise`, :func:`denormalise` — small per-device helpers (memo keys: :mod:`protocols.memo_key`).
 """
 
 from .auto import AUTO_QUERIES, AutoRecord, MechanismChoice, choose_mechanism, comparison_table
-from .fleet import FleetRun, MemoizedPipeline, canonical_value, denormalise, normalise, record_memo_key
+from .fleet import FleetRun, MemoizedPipeline, denormalise, normalise
 from .record import (
     DETAIL_MECHANISMS,
     MEAN_MECHANISMS,
@@ -40,6 +40,4 @@ __all__ = [
     "FleetRun",
     "normalise",
     "denormalise",
-    "record_memo_key",
-    "canonical_value",
 ]

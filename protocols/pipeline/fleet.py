@@ -11,7 +11,7 @@
    ``y = min(lo + ⌊(x-lo)/step + u⌋·step, hi)``;
 5. normalise ``t = 2(y - lo)/(hi - lo) - 1``;
 6. memoized report: the memo key is the tuple of canonical values — ``(m, grid index)`` for a rounded dimension,
-   the exact (clipped) value otherwise — i.e. exactly what :func:`record_memo_key` HMACs on a device. A key the
+   the exact (clipped) value otherwise — i.e. exactly what :func:`protocols.memo_key.memo_key` HMACs on a device. A key the
    device has seen before returns its stored report and costs 0; a new key costs ε (the mechanism's ε).
 
 **Vectorisation.** The rounding objects are used as-is on the fleet flattened to n·d "dimensions" (devices are
@@ -28,23 +28,19 @@ its running total — SPEC §4's memoization bound: total ≤ (#distinct keys)·
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from protocols import registry, wire
+from protocols import registry
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
 
 from .auto import choose_mechanism
 from .record import HaarRecord
 
-__all__ = ["normalise", "denormalise", "canonical_value", "record_memo_key", "MemoizedPipeline", "FleetRun"]
+__all__ = ["normalise", "denormalise", "MemoizedPipeline", "FleetRun"]
 
-#: Domain-separation prefix of memo keys (the same bytes as ``edge_agent.pipeline.memo_key``).
-MEMO_KEY_PREFIX = b"haarvest-memo-v1\n"
 
 
 def _bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -75,36 +71,6 @@ def denormalise(t: Any, lo: Any, hi: Any) -> np.ndarray:
     arr = np.asarray(t, dtype=float)
     lo_arr, hi_arr = _bounds(lo, hi)
     return lo_arr + (arr + 1.0) * (hi_arr - lo_arr) / 2.0
-
-
-def canonical_value(value: float | None = None, *, exponent: int | None = None, grid_index: int | None = None) -> list[Any]:
-    """A dimension's canonical memo-key form: ``["g", m, i]`` when rounded (step exponent m, grid index i),
-    else ``["x", value]`` (the clipped raw value) — the forms ``edge_agent/pipeline.py`` uses."""
-    if grid_index is not None:
-        if exponent is None:
-            raise ValueError("a rounded value needs its step exponent")
-        return ["g", int(exponent), int(grid_index)]
-    if value is None:
-        raise ValueError("give a value, or an exponent and a grid index")
-    v = float(value)
-    if not np.isfinite(v):
-        raise ValueError("memo-key values must be finite")
-    return ["x", v + 0.0]  # -0.0 → 0.0
-
-
-def record_memo_key(secret: bytes, stream: str, spec: str, canonical_values: list[Any]) -> str:
-    """``HMAC-SHA256(secret, prefix ‖ canonical_json([stream, spec, canonical_values]))`` in hex.
-
-    ``canonical_values`` lists one :func:`canonical_value` per dimension of the record (grid indices and step
-    exponents of rounded dimensions). The cache never sees raw values, only this key; the same construction as
-    ``edge_agent.pipeline.memo_key`` so keys agree between the agent and simulations.
-    """
-    if not isinstance(secret, (bytes, bytearray)) or len(secret) < 32:
-        raise ValueError("the memo secret must be at least 32 bytes")
-    if not isinstance(stream, str) or not isinstance(spec, str):
-        raise ValueError("stream and spec must be strings")
-    msg = MEMO_KEY_PREFIX + wire.canonical_json([stream, spec, canonical_values])
-    return hmac.new(bytes(secret), msg, hashlib.sha256).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------- hashing

@@ -10,7 +10,9 @@ import pytest
 from edge_agent.agent import Agent
 from edge_agent.config import ConfigError, Secrets
 from edge_agent.embed import categorical, new_identity, numeric, simple_config
-from edge_agent.pipeline import AUTO_CANDIDATES, InvalidRecord, Pipeline, memo_key
+from edge_agent.pipeline import Pipeline, memo_key
+from edge_agent.plans import AUTO_CANDIDATES
+from protocols.errors import InvalidRecord
 from edge_agent.sources import IterableSource
 from protocols import registry, wire
 

@@ -16,7 +16,6 @@ from protocols.pipeline import (
     AutoRecord,
     HaarRecord,
     MemoizedPipeline,
-    canonical_value,
     choose_mechanism,
     coefficient_bounds,
     denormalise,
@@ -24,8 +23,9 @@ from protocols.pipeline import (
     objective_weights,
     optimal_split,
     range_weight_vector,
-    record_memo_key,
 )
+from protocols.memo_key import canonical_value
+from protocols.memo_key import memo_key as record_memo_key
 from protocols.pipeline._variance import QuadraticModel
 from protocols.pipeline.auto import _query_weights, numeric_model, query_variance
 from protocols.pipeline.record import _bound_objective, _make_detail, _make_mean, _split_epsilons
@@ -437,14 +437,11 @@ def test_record_memo_key_is_the_documented_hmac():
         canonical_value(grid_index=3)
 
 
-def test_record_memo_key_agrees_with_the_edge_agent():
-    agent = pytest.importorskip("edge_agent.pipeline")
-    agent_key = getattr(agent, "memo_key", None)
-    if agent_key is None:
-        pytest.skip("edge_agent.pipeline.memo_key not available")
-    secret = b"\x07" * 32
-    canon = [["g", 0, 5], ["x", 1.25]]
-    assert record_memo_key(secret, "s", "spec", canon) == agent_key(secret, "s", "spec", canon)
+def test_the_edge_agent_uses_the_one_memo_key():
+    """One home: the agent's pipeline computes its memo keys with protocols.memo_key.memo_key."""
+    import edge_agent.pipeline as agent
+
+    assert agent.memo_key is record_memo_key
 
 
 # ----------------------------------------------------------------------------------------------- fleet

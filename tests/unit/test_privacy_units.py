@@ -353,7 +353,8 @@ def test_memoize_needs_the_value_unit(tmp_path):
 
 
 def test_a_round_cannot_change_the_unit(tmp_path):
-    from edge_agent.pipeline import Pipeline, SpecMismatch
+    from edge_agent.pipeline import Pipeline
+    from protocols.errors import SpecMismatch
 
     cfg = simple_config("d", tmp_path / "s", [categorical("x", 3)], [GRR_STREAM])
     pipe = Pipeline(cfg, bytes(32))

@@ -16,7 +16,8 @@ from coordinator.store import SQLiteStore
 from coordinator.validate import Validator
 from edge_agent.agent import Agent
 from edge_agent.embed import categorical, new_identity, numeric, simple_config
-from edge_agent.pipeline import Pipeline, stream_specs
+from edge_agent.pipeline import Pipeline
+from edge_agent.plans import stream_specs
 from edge_agent.sources import CallableSource
 from protocols import wire
 from protocols.longitudinal import LOLOHA
