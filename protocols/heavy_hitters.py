@@ -6,6 +6,8 @@ histograms", STOC 2015).** A public hash h: [0, 2^L) → [T] spreads items over 
 over [0, 2T). The server estimates f̂_ℓ(t, b) for every bucket t and bit b and sets bit ℓ of bucket t's candidate to
 argmax_b f̂_ℓ(t, b); a candidate is kept if it hashes back to its bucket and its estimated bucket frequency
 f̂(t) = mean_ℓ (f̂_ℓ(t, 0) + f̂_ℓ(t, 1)) reaches the report threshold η/2.
+The keyword-only options ``threshold=`` (a frequency replacing η/2) and ``top_k=`` (the k largest that
+hash back and pass the threshold) select as for prefix extension below (:func:`select_prefixes`).
 
 Budget (stated, never hidden): with ``split_users=True`` (default) every device is assigned to ONE bit position
 (parallel composition over disjoint groups) and spends ε; with ``split_users=False`` it reports all L derived items
@@ -19,12 +21,28 @@ deviation of a difference f̂_ℓ(t, 1) - f̂_ℓ(t, 0) (V the oracle's worst pe
 **Prefix extension in rounds (PEM; Wang, Li, Jha et al., "Locally differentially private heavy hitter
 identification", IEEE TDSC 2019) — sequentially interactive (SPEC §5).** Users are split into R groups, one per
 round. Round r has prefix length s_r (s_0 = ``start_bits``, then +``step_bits``, the last equal to L); its public
-candidate list is every extension by ``step_bits`` bits of the prefixes kept in round r-1 (all 2^{s_0} prefixes in
+candidate list C_r is every extension by ``step_bits`` bits of the prefixes kept in round r-1 (all 2^{s_0} prefixes in
 round 0). Group r reports the index of its length-s_r prefix in the candidate list, or a catch-all index for "not a
-candidate", through O over [0, |C_r| + 1). Prefixes whose estimated frequency reaches η_r/2 are kept (at most
-``max_keep``, by estimate). Each device takes part in one round: ε per device. An item is reported if all its
-prefixes were kept — guaranteed with probability ≥ 1 - β when f(x) ≥ max_r η_r (a prefix is at least as frequent
-as the item), with η_r = 2·z·sqrt(V_r/n_r), z = Φ^{-1}(1 - β/Σ_r|C_r|), unless ``max_keep`` truncates.
+candidate", through O over [0, |C_r| + 1). Each device takes part in one round: ε per device. An item is reported
+if all its prefixes were kept. Which prefixes are kept is :func:`select_prefixes`:
+
+* **default** (``threshold=None``): the prefixes whose estimate reaches the *significance threshold*
+  τ_r = z_r·σ0_r, where σ0_r = sqrt(V_r(0)/n_r) is the standard deviation of the estimate of a prefix nobody holds
+  (V_r(0) the oracle's per-user variance at frequency 0, n_r the round's users) and z_r = Φ^{-1}(1 - β/(R·|C_r|)).
+  **Meaning:** a prefix held by no one passes with probability ≤ β/(R·|C_r|) (normal approximation), so with
+  probability ≥ 1 - β no round keeps a prefix nobody holds — every reported item is held by someone (a per-item
+  false-positive bound, union-bounded over all candidates of all rounds). Items are not required to be the top ones:
+  every significantly non-zero item is reported, largest first.
+* ``threshold=τ`` (keyword-only, a frequency in [0, 1]): keep the prefixes whose *estimated* frequency is at least
+  τ in every round, as pure-ldp's PEM ``find_heavy_hitters(threshold=τ)`` does. No false-positive guarantee unless
+  τ ≥ τ_r (then the default's holds too).
+* ``top_k=k`` (keyword-only): keep at most the k best prefixes at each extension step (like PEM's top-k), among
+  those passing the threshold (τ_r by default, or the explicit ``threshold`` — ``threshold=0`` is PEM's top-k minus
+  negative estimates): the threshold is a floor, so the default's guarantee still holds.
+
+At most ``max_keep`` prefixes are kept per round (by estimate) in every case. **Detection:** with probability
+≥ 1 - β every item with f(x) ≥ η = max_r (τ_r + z_r·σ_r) is reported (σ_r from the oracle's worst per-user
+variance; a prefix is at least as frequent as the item), unless ``max_keep`` or ``top_k`` truncates.
 """
 
 from __future__ import annotations
@@ -40,7 +58,8 @@ from scipy import stats
 from protocols.base import FrequencyOracle, check_epsilon, check_int
 from protocols.hashing import MAX_ITEM, hash_values
 
-__all__ = ["HeavyHitterResult", "BitwiseHeavyHitters", "PrefixExtensionHeavyHitters", "default_oracle"]
+__all__ = ["HeavyHitterResult", "BitwiseHeavyHitters", "PrefixExtensionHeavyHitters", "default_oracle",
+           "check_selection", "select_prefixes"]
 
 OracleFactory = Callable[[float, int], FrequencyOracle]
 
@@ -61,6 +80,34 @@ def _check_beta(beta: float) -> float:
     if not 0.0 < beta < 1.0:
         raise ValueError(f"beta must lie in (0, 1), got {beta}")
     return beta
+
+
+def check_selection(threshold: Any, top_k: Any) -> tuple[float | None, int | None]:
+    """Validate the keyword options ``threshold`` (None or a frequency in [0, 1]) and ``top_k`` (None or an int ≥ 1)."""
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)):
+            raise ValueError(f"threshold must be a frequency in [0, 1] or None, got {threshold!r}")
+        threshold = float(threshold)
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be a frequency in [0, 1], got {threshold}")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+            raise ValueError(f"top_k must be an integer >= 1 or None, got {top_k!r}")
+        top_k = int(top_k)
+    return threshold, top_k
+
+
+def select_prefixes(estimates: Any, floor: float, top_k: int | None = None, cap: int | None = None) -> np.ndarray:
+    """Indices of the estimates that reach ``floor``, largest first, at most ``top_k`` and ``cap`` of them.
+
+    The one selection rule of both heavy-hitter protocols and the coordinator's planner (module docstring): the
+    threshold is a floor, ``top_k`` keeps the k best of what passes it, ``cap`` is a resource limit.
+    """
+    est = np.asarray(estimates, dtype=float).reshape(-1)
+    keep = np.flatnonzero(est >= floor)
+    keep = keep[np.argsort(-est[keep], kind="stable")]
+    limit = min(x for x in (top_k, cap, keep.size) if x is not None)
+    return keep[:limit]
 
 
 def _check_items(values: Any, bits: int) -> np.ndarray:
@@ -146,8 +193,11 @@ class BitwiseHeavyHitters:
         z = stats.norm.isf(_check_beta(beta) / (2 * self.bits * self.buckets))
         return 2 * z * 2 * math.sqrt(_worst_variance(self.oracle) / group)
 
-    def identify(self, reports: dict[int, Any], n: int, beta: float = 1e-3) -> HeavyHitterResult:
-        """Decode candidates bucket by bucket; report those that hash back and reach η/2."""
+    def identify(self, reports: dict[int, Any], n: int, beta: float = 1e-3, *, threshold: float | None = None,
+                 top_k: int | None = None) -> HeavyHitterResult:
+        """Decode candidates bucket by bucket; report those that hash back and reach η/2 (or ``threshold``, a
+        frequency), at most the ``top_k`` largest (module docstring of :func:`select_prefixes`)."""
+        threshold, top_k = check_selection(threshold, top_k)
         if set(reports) != set(range(self.bits)):
             raise ValueError(f"reports are needed for every bit position 0..{self.bits - 1}")
         est = np.stack([self.oracle.estimate(reports[ell]) for ell in range(self.bits)])  # (L, 2T)
@@ -156,15 +206,17 @@ class BitwiseHeavyHitters:
         candidates = (bit_values << np.arange(self.bits)[:, None]).sum(axis=0)
         bucket_freq = pairs.sum(axis=2).mean(axis=0)
         eta = self.detection_threshold(n, beta)
-        keep = (self.bucket(candidates) == np.arange(self.buckets)) & (bucket_freq >= eta / 2)
-        order = np.argsort(-bucket_freq[keep], kind="stable")
-        return HeavyHitterResult(candidates[keep][order], bucket_freq[keep][order], eta, eta / 2,
-                                 self.epsilon_per_user)
+        floor = eta / 2 if threshold is None else threshold
+        hashes_back = self.bucket(candidates) == np.arange(self.buckets)
+        keep = np.flatnonzero(hashes_back)[select_prefixes(bucket_freq[hashes_back], floor, top_k)]
+        return HeavyHitterResult(candidates[keep], bucket_freq[keep], eta, floor, self.epsilon_per_user)
 
-    def run(self, values: Any, rng: np.random.Generator, beta: float = 1e-3) -> HeavyHitterResult:
+    def run(self, values: Any, rng: np.random.Generator, beta: float = 1e-3, *, threshold: float | None = None,
+            top_k: int | None = None) -> HeavyHitterResult:
         """Privatize and identify in one call (simulation)."""
+        check_selection(threshold, top_k)
         x = _check_items(values, self.bits)
-        return self.identify(self.privatize(x, rng), x.size, beta)
+        return self.identify(self.privatize(x, rng), x.size, beta, threshold=threshold, top_k=top_k)
 
 
 class PrefixExtensionHeavyHitters:
@@ -222,17 +274,33 @@ class PrefixExtensionHeavyHitters:
         found = candidates[order][pos] == prefix
         return np.where(found, order[pos], candidates.size)
 
-    def threshold(self, n_round: int, oracle: FrequencyOracle, total_candidates: int, beta: float) -> float:
-        z = stats.norm.isf(_check_beta(beta) / max(1, total_candidates))
-        return 2 * z * math.sqrt(_worst_variance(oracle) / max(1, n_round))
+    def significance_threshold(self, n_round: int, oracle: FrequencyOracle, candidates: int,
+                               beta: float = 1e-3) -> tuple[float, float]:
+        """(τ_r, η_r) of one round (module docstring): τ_r = z_r·sqrt(V(0)/n_r), the estimate a prefix nobody holds
+        reaches with probability ≤ β/(R·|C_r|); η_r = τ_r + z_r·sqrt(V_worst/n_r), the frequency above which a
+        prefix is kept with probability ≥ 1 - β/(R·|C_r|)."""
+        n_round = max(1, int(n_round))
+        z = stats.norm.isf(_check_beta(beta) / (self.rounds * max(1, int(candidates))))
+        null = float(np.max(oracle.variance(0.0)))
+        tau = z * math.sqrt(null / n_round)
+        return tau, tau + z * math.sqrt(_worst_variance(oracle) / n_round)
 
-    def run(self, values: Any, rng: np.random.Generator, beta: float = 1e-3) -> HeavyHitterResult:
-        """Simulate all rounds (users split into balanced random groups, one per round)."""
+    def run(self, values: Any, rng: np.random.Generator, beta: float = 1e-3, *, threshold: float | None = None,
+            top_k: int | None = None) -> HeavyHitterResult:
+        """Simulate all rounds (users split into balanced random groups, one per round).
+
+        ``threshold`` (a frequency) replaces the significance threshold τ_r; ``top_k`` keeps at most the k best
+        prefixes per round among those passing it (module docstring). ``report_threshold`` is the last round's
+        threshold, ``detection_threshold`` η = max_r η_r.
+        """
+        threshold, top_k = check_selection(threshold, top_k)
+        if top_k is not None and top_k > self.max_keep:
+            raise ValueError(f"top_k must not exceed max_keep ({self.max_keep}), got {top_k}")
         x = _check_items(values, self.bits)
+        beta = _check_beta(beta)
         groups = rng.permutation(np.arange(x.size) % self.rounds)
-        budget = (1 << self.start_bits) + (self.rounds - 1) * (self.max_keep << self.step_bits)
         kept: np.ndarray | None = None
-        eta_max = 0.0
+        eta_max, floor = 0.0, 0.0
         est_kept = np.zeros(0)
         for r in range(self.rounds):
             cands = self.candidates(r, kept)
@@ -242,10 +310,10 @@ class PrefixExtensionHeavyHitters:
             members = x[groups == r]
             reports = oracle.privatize(self.encode(members, r, cands), rng)
             est = oracle.estimate(reports)[: cands.size]
-            eta = self.threshold(members.size, oracle, budget, beta)
-            eta_max = max(eta_max, eta)
-            keep = np.flatnonzero(est >= eta / 2)
-            keep = keep[np.argsort(-est[keep], kind="stable")][: self.max_keep]
+            tau, eta = self.significance_threshold(members.size, oracle, cands.size, beta)
+            floor = tau if threshold is None else threshold
+            eta_max = max(eta_max, eta - tau + floor)
+            keep = select_prefixes(est, floor, top_k, self.max_keep)
             kept, est_kept = cands[keep], est[keep]
         items = np.zeros(0, dtype=np.int64) if kept is None else kept
-        return HeavyHitterResult(items, est_kept, eta_max, eta_max / 2, self.epsilon_per_user)
+        return HeavyHitterResult(items, est_kept, eta_max, floor, self.epsilon_per_user)
