@@ -31,17 +31,37 @@ with the ``S_v`` pairwise intersecting only in 0 (a partial spread). Then ``|C_v
   ``C_v = {v}``, ``p = e^ε/(e^ε+k-1)``, ``q = 1/(e^ε+k-1)`` and the decode is a histogram.
 
 Probabilities (m ≥ 1): ``P[y | x] = (t/K)·p`` on ``C_x`` and ``(t/K)·(1-p)/(t-1)`` off it with ``p =
-e^ε/(e^ε+t-1)``: the worst-case ratio is e^ε exactly. The construction ``m`` minimises the per-user variance at
-f = 0 over ``{0, 1, 2, …}`` subject to ``2^m < k`` and ``K ≤ 2^26`` (``rows=`` forces one):
+e^ε/(e^ε+t-1)``: the worst-case ratio is e^ε exactly. The per-user variance at f = 0 of construction m is
 
     Var[f̂_v] = (q(1-q) + f(p-q)(1-p-q))/(p-q)²,   at f = 0:  (e^ε+t-1)²/((t-1)(e^ε-1)²)   (m ≥ 1),
 
 which is OLH's variance at ``g = t``: within 1.08× of ``4e^ε/(e^ε-1)²`` when t can be the power of two nearest
 ``e^ε+1`` (worst at ``e^ε = √3`` between t = 2 and t = 4). It does not depend on the other items' frequencies,
-so the inherited ``estimate`` and ``variance`` are exact. Where ``2^m < k`` keeps t below ``e^ε + 1``, direct
-response is better anyway (``(e^ε+k-2)/(4e^ε) ≤ 1.1`` once ``k - 2 ≤ 3.4e^ε``). Measured on ε = 0.05…10 (step
-0.05, ``tests/unit/test_hadamard.py``): at most 1.0772× the optimum for every k ≤ 2^14. Beyond, the cap K ≤ 2^26
-limits t at large ε (k = 10^5: up to 3.8× near ε = 8.9; k = 2^26 - 1: only m = 1 fits), never worse than m = 1.
+so the inherited ``estimate`` and ``variance`` are exact.
+
+Choice of m, and cost
+---------------------
+Cost model: a design's cost is its output space K (:func:`output_space`): K = k for direct response (decode = a
+histogram), ``2^⌈log2(k+1)⌉`` for m = 1 and ``2^{m+⌈log2 k⌉}`` for m ≥ 2 (decode = one FWHT, O(K log K) time,
+8·K bytes). K grows strictly with m, so "cheapest" means fewest rows. The client's cost (O(m) per report) and the
+report (log2 K bits) follow K too. The admissible designs are ``m = 0, 1`` and every m ≥ 2 with ``2^m < k`` and
+``K ≤ 2^26`` (:data:`MAX_LOG2_OUTPUTS`, the hard cap on K).
+
+Default (:func:`choose_rows`): the cheapest admissible design whose variance at f = 0 is within 1.1×
+(:data:`VARIANCE_TOLERANCE`) of ``4e^ε/(e^ε-1)²``; if none is, the one of least variance
+(:func:`least_variance_rows`). ``rows=`` forces any admissible design. Within 1.1× means ``0.537·e^ε ≤ t-1 ≤
+1.863·e^ε`` for m ≥ 1 and ``k - 2 ≤ 3.4·e^ε`` for direct response. Measured on ε = 0.05…10 (step 0.05,
+``tests/unit/test_hadamard.py``), every k ≤ 2^14 gets a design within 1.1× (the default reaches 1.09999× at k =
+15,122, ε = 8.4, and 1.0991× at the tested k; the least-variance design reaches 1.0772×), never with a larger K
+than the least-variance design; where the latter is within 1.1× the default usually saves a factor 2 in K, and
+sometimes far more: k = 10,000 at ε = 8 takes direct response (K = 10,000, 1.0885×) instead of m = 12 (K = 2^26,
+1.0254×); k = 16,384 at ε = 8 takes m = 11 (K = 2^25, 1.036×) instead of m = 12. Beyond k = 2^14 the cap limits t at large ε and the default is the least-variance design (k =
+10^5: up to 3.8× near ε = 8.9; k = 2^26 - 1: only m ≤ 1 fits), never worse than m = 1 unless within 1.1×.
+
+Decode memory is capped at the int64 histogram (8·K bytes, ≤ 512 MiB at K = 2^26), which the FWHT transforms in
+place, plus bounded scratch: ``FWHT_CHUNK`` = 2^16 entries per butterfly slice and, for m ≥ 2, gather index arrays
+of ``GATHER_CHUNK`` = 2^20 entries (24 MiB). Measured for 10^5 reports on this 2-core machine: K = 2^26 decodes in
+4.5 s at 0.58 GB peak RSS (the un-chunked decode took 12.8 s and 2.6 GB), K = 2^25 in 1.7 s at 0.32 GB.
 
 Sampling (vectorised over users). m = 1: draw y0 uniform on [0, K); its parity ``popcount((x+1) & y0) mod 2`` says
 whether y0 ∈ C_x; if that is not the half we want, flip the lowest set bit of x+1 — a bijection between the halves.
@@ -64,12 +84,18 @@ import numpy as np
 from protocols.base import FrequencyOracle, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_vector, user_values
 
-__all__ = ["HadamardResponse", "fwht", "hadamard_entries", "optimal_variance"]
+__all__ = ["HadamardResponse", "choose_rows", "fwht", "hadamard_entries", "least_variance_rows", "optimal_variance",
+           "output_space"]
 
 #: Largest supported domain (the m = 1 output space is then 2^26).
 MAX_K = (1 << 26) - 1
-#: Largest output space of a Hadamard design: a 2^26-entry histogram transform (512 MiB) is the practical limit.
+#: Largest output space of a Hadamard design (K ≤ 2^26): the decode's int64 histogram, transformed in place, is
+#: 8·K bytes = 512 MiB there (see "Cost" in the module docstring).
 MAX_LOG2_OUTPUTS = 26
+#: The default design is the cheapest one within this factor of the optimal variance (:func:`choose_rows`).
+VARIANCE_TOLERANCE = 1.1
+#: Items per slice of the m ≥ 2 gather, so that its three (items × t) int64 index arrays stay ≤ 3·8·2^20 B = 24 MiB.
+GATHER_CHUNK = 1 << 20
 
 
 def fwht(x: Any) -> np.ndarray:
@@ -77,25 +103,44 @@ def fwht(x: Any) -> np.ndarray:
 
     ``K`` (the last dimension) must be a power of two. Vectorised butterflies: at stage h the array is viewed as
     ``(..., K/2h, 2, h)`` and each pair ``(u, w)`` becomes ``(u + w, u - w)``; log2(K) stages, O(K log K) work.
-    Integer input stays integer (exact), float input stays float.
+    Integer input stays integer (exact), float input stays float. The input is copied once; the stages run in
+    place in slices of at most :data:`FWHT_CHUNK` entries (per leading row), so the scratch memory is bounded.
     """
     arr = np.array(x, copy=True)
     if arr.dtype.kind not in "iuf":
         arr = arr.astype(np.float64)
     elif arr.dtype.kind == "u":
         arr = arr.astype(np.int64)
+    _fwht_inplace(arr)
+    return arr
+
+
+#: Largest slice one butterfly step copies: the transform's scratch memory is this many entries, not K/2.
+FWHT_CHUNK = 1 << 16
+
+
+def _fwht_inplace(arr: np.ndarray) -> None:
+    """:func:`fwht` in place on a C-contiguous int64/float array (scratch: ``FWHT_CHUNK`` entries per row)."""
     K = arr.shape[-1] if arr.ndim else 0
     if K < 1 or K & (K - 1):
         raise ValueError(f"the transform length must be a power of two, got {K}")
-    lead = arr.shape[:-1]
+    flat = arr.reshape(-1, K)  # a view (arr is contiguous), so the butterflies write through
     h = 1
     while h < K:
-        view = arr.reshape(*lead, K // (2 * h), 2, h)
-        u = view[..., 0, :].copy()
-        view[..., 0, :] += view[..., 1, :]
-        np.subtract(u, view[..., 1, :], out=view[..., 1, :])
+        view = flat.reshape(flat.shape[0], K // (2 * h), 2, h)
+        if h >= FWHT_CHUNK:  # long pairs of halves: one block at a time, sliced
+            pieces = [(slice(b, b + 1), slice(j, j + FWHT_CHUNK)) for b in range(K // (2 * h))
+                      for j in range(0, h, FWHT_CHUNK)]
+        else:  # many short pairs: slice whole blocks
+            step = FWHT_CHUNK // h
+            pieces = [(slice(b, b + step), slice(None)) for b in range(0, K // (2 * h), step)]
+        for blocks, cols in pieces:
+            top = view[:, blocks, 0, cols]
+            bottom = view[:, blocks, 1, cols]
+            u = top.copy()
+            top += bottom
+            np.subtract(u, bottom, out=bottom)
         h *= 2
-    return arr
 
 
 def _parity(v: np.ndarray) -> np.ndarray:
@@ -179,25 +224,52 @@ def _design_variance(epsilon: float, k: int, rows: int) -> float:
     return q * (1 - q) / (p - q) ** 2
 
 
+def output_space(k: int, rows: int) -> int:
+    """K, the number of possible reports of construction ``rows`` at domain size k: the decode's cost measure.
+
+    ``k`` for direct response, ``2^⌈log2(k+1)⌉`` for m = 1 and ``2^{m+⌈log2 k⌉}`` for m ≥ 2 — strictly increasing
+    in m, so the cheapest design is the one with the fewest rows.
+    """
+    if rows == 0:
+        return k
+    if rows == 1:
+        return 1 << math.ceil(math.log2(k + 1))
+    return 1 << (rows + max(1, math.ceil(math.log2(k))))
+
+
 def _admissible_rows(k: int) -> list[int]:
     """Constructions available at domain size k: 0, 1 and every m ≥ 2 with 2^m < k and m + ⌈log2 k⌉ ≤ 26."""
     r = max(1, math.ceil(math.log2(k)))
     return [0, 1] + [m for m in range(2, r) if (1 << m) < k and m + r <= MAX_LOG2_OUTPUTS]
 
 
-def choose_rows(epsilon: float, k: int) -> int:
-    """The construction with the smallest per-user variance at f = 0 (ties: the smaller output space)."""
+def least_variance_rows(epsilon: float, k: int) -> int:
+    """The admissible construction of smallest per-user variance at f = 0, whatever its cost (ties: the smaller
+    output space; m = 1 before direct response at equal variance)."""
     epsilon = oracle_epsilon(epsilon)
     k = check_int(k, "k", minimum=2, maximum=MAX_K)
     return min(_admissible_rows(k), key=lambda m: (_design_variance(epsilon, k, m), m != 1, m))
+
+
+def choose_rows(epsilon: float, k: int) -> int:
+    """The default construction: the cheapest admissible design (smallest :func:`output_space`) whose variance at
+    f = 0 is within :data:`VARIANCE_TOLERANCE` of :func:`optimal_variance`; if none is, :func:`least_variance_rows`.
+    """
+    epsilon = oracle_epsilon(epsilon)
+    k = check_int(k, "k", minimum=2, maximum=MAX_K)
+    bound = VARIANCE_TOLERANCE * optimal_variance(epsilon)
+    good = [m for m in _admissible_rows(k) if _design_variance(epsilon, k, m) <= bound]
+    if good:
+        return min(good, key=lambda m: output_space(k, m))
+    return least_variance_rows(epsilon, k)
 
 
 class HadamardResponse(FrequencyOracle):
     """Hadamard response over ``[0, k)``; a report is one int64 output ``y ∈ [0, K)`` (see the module docstring).
 
     ``rows`` (keyword-only) forces the construction: 0 = direct response, 1 = the paper's high-privacy HR, m ≥ 2 =
-    support sets cut by m Hadamard rows (needs ``m ≤ ⌈log2 k⌉`` and ``m + ⌈log2 k⌉ ≤ 26``); by default the one of
-    least variance at this ε and k (:func:`choose_rows`).
+    support sets cut by m Hadamard rows (needs ``m ≤ ⌈log2 k⌉`` and ``m + ⌈log2 k⌉ ≤ 26``); by default the cheapest
+    design within 1.1× of the optimal variance at this ε and k, else the one of least variance (:func:`choose_rows`).
     """
 
     def __init__(self, epsilon: float, k: int, *, rows: int | None = None) -> None:
@@ -215,11 +287,10 @@ class HadamardResponse(FrequencyOracle):
         #: Number of output classes per seed: a non-holder supports an item w.p. q = 1/t (m ≥ 1).
         self.t = 1 << rows if rows else self.k
         self.r = r
+        self.K = output_space(self.k, rows)
         if rows == 0:
-            self.K = self.k
             self.p, self.q = keep_probability(self.epsilon, self.k - 1)
         else:
-            self.K = 1 << (math.ceil(math.log2(self.k + 1)) if rows == 1 else rows + r)
             self.p, _ = keep_probability(self.epsilon, self.t - 1)
             self.q = 1.0 / self.t
         self._poly = irreducible_polynomial(r) if rows >= 2 else 0
@@ -272,23 +343,34 @@ class HadamardResponse(FrequencyOracle):
     # --- server ----------------------------------------------------------------------------------------------------
 
     def support_counts(self, reports: np.ndarray) -> np.ndarray:
-        """``C_v = (1/t)·Σ_{s ∈ S_v} W[s]`` with W the FWHT of the output histogram (a histogram for m = 0)."""
+        """``C_v = (1/t)·Σ_{s ∈ S_v} W[s]`` with W the FWHT of the output histogram (a histogram for m = 0).
+
+        Memory: the int64 histogram (8·K bytes), transformed in place, plus ``FWHT_CHUNK`` scratch entries and, for
+        m ≥ 2, index arrays of at most ``GATHER_CHUNK`` entries (items are gathered in slices).
+        """
         y = report_vector(reports, self.K)
-        hist = np.bincount(y, minlength=self.K).astype(np.int64)
+        hist = np.bincount(y, minlength=self.K).astype(np.int64, copy=False)
         if self.rows == 0:
             return hist
-        transform = fwht(hist)
+        _fwht_inplace(hist)
+        transform = hist
         if self.rows == 1:
             return (y.shape[0] + transform[1 : self.k + 1]) // 2
         # S_v = {((v·a) << m) | a : a ∈ [0, t)}: the products v·a by doubling over the bits of a.
-        products = np.zeros((self.k, self.t), dtype=np.int64)
-        c = np.arange(self.k, dtype=np.int64)
-        for j in range(self.rows):
-            half = 1 << j
-            products[:, half : 2 * half] = products[:, :half] ^ c[:, None]
-            c = _times_z(c, self._poly, self.r)
-        index = (products << self.rows) | np.arange(self.t, dtype=np.int64)
-        return transform[index].sum(axis=1) // self.t
+        out = np.empty(self.k, dtype=np.int64)
+        step = max(1, GATHER_CHUNK // self.t)
+        for lo in range(0, self.k, step):
+            hi = min(self.k, lo + step)
+            products = np.zeros((hi - lo, self.t), dtype=np.int64)
+            c = np.arange(lo, hi, dtype=np.int64)
+            for j in range(self.rows):
+                half = 1 << j
+                products[:, half : 2 * half] = products[:, :half] ^ c[:, None]
+                c = _times_z(c, self._poly, self.r)
+            products <<= self.rows
+            products |= np.arange(self.t, dtype=np.int64)
+            out[lo:hi] = transform[products].sum(axis=1) // self.t
+        return out
 
     def n_reports(self, reports: np.ndarray) -> int:
         return int(np.asarray(reports).shape[0])

@@ -97,9 +97,10 @@ class _MislabelledHR(HadamardResponse):
         self.epsilon = 1.0
 
 
-@pytest.mark.parametrize("rows", [1, 2, None])
+@pytest.mark.parametrize("rows", [1, 2, 4, None])
 def test_audit_catches_understated_epsilon_of_hadamard_response(rows, audit_trials):
     oracle = _MislabelledHR(rows)
-    assert oracle.rows == (4 if rows is None else rows)  # k = 40 at ε = 2.5: t = 16 by default
+    # k = 40 at ε = 2.5: direct response by default (1.03x the optimum, K = k); the least-variance t = 16 is rows = 4
+    assert oracle.rows == (0 if rows is None else rows)
     result = audit(oracle, V1, V2, _events(oracle), audit_trials, np.random.default_rng(7 + (rows or 0)))
     assert not result.passed and result.epsilon_emp > 1.5, f"rows={oracle.rows}: ε_emp={result.epsilon_emp:.3f}"
