@@ -32,6 +32,11 @@ the whole range (conservative). Oracles' ``variance(f)`` is linear in f, so the 
 (``plugin``); ``worst`` takes the worse of f = 0 and f = 1. Intervals are the normal approximation
 ``estimate ± z·se`` (:func:`protocols.base.confidence_interval`).
 
+**Heavy-hitter rounds** (``StreamSpec.heavy_hitters``): ``heavy_hitters`` lists the (prefix, next bits) items the
+round selects — :func:`select_heavy_hitters` with the round's ``threshold`` and ``top_k``
+(:class:`protocols.contract.HeavyHitterSpec`), largest first, the catch-all item excluded; the planner
+(:func:`coordinator.rounds.plan_heavy_hitters`) extends exactly these next round.
+
 **Consistency post-processing** (optional, free: post-processing): numeric estimates and intervals are clipped
 to ``[lo, hi]``; frequency estimates are projected onto the probability simplex (Euclidean projection; the
 interval is reported around the unbiased estimate, clipped to [0, 1]). ``raw`` always holds the unbiased estimate.
@@ -47,12 +52,13 @@ from typing import Any, Literal
 import numpy as np
 
 from coordinator.decode import DecodedReports, StreamDecoder
-from protocols.contract import BODY_KEY, StreamSpec, denormalise, parse_round_params
+from protocols.contract import BODY_KEY, HeavyHitterSpec, StreamSpec, denormalise, parse_round_params
 from coordinator.store import Store
 from protocols import wire
 from protocols.base import confidence_interval
+from protocols.frequency.postprocess import project_simplex
 
-__all__ = ["StreamEstimate", "estimate_stream", "estimate_round", "project_to_simplex", "parse_bodies"]
+__all__ = ["StreamEstimate", "estimate_stream", "estimate_round", "parse_bodies"]
 
 VarianceBasis = Literal["plugin", "worst"]
 
@@ -81,22 +87,12 @@ class StreamEstimate:
     #: the privacy unit the devices' ledgers charged this stream under (``device``: everything a device released
     #: in its budget window; ``value``: each distinct value, not when it changes) — from the round's StreamSpec
     unit: str = "device"
+    #: heavy-hitter rounds: the selected items, largest first — ``{"prefix", "bits", "label", "frequency"}`` each
+    #: (:func:`select_heavy_hitters` with the round's threshold / top_k); empty for other streams
+    heavy_hitters: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def project_to_simplex(v: Any) -> np.ndarray:
-    """Euclidean projection onto {w ≥ 0, Σw = 1} (sort-based, O(k log k); Duchi et al., ICML 2008)."""
-    v = np.asarray(v, dtype=float)
-    if v.ndim != 1 or v.size == 0:
-        raise ValueError("project_to_simplex expects a non-empty vector")
-    u = np.sort(v)[::-1]
-    css = np.cumsum(u) - 1.0
-    idx = np.arange(1, v.size + 1)
-    rho = np.flatnonzero(u - css / idx > 0)[-1]
-    theta = css[rho] / (rho + 1)
-    return np.maximum(v - theta, 0.0)
 
 
 def parse_bodies(bodies: list[str]) -> list[Any]:
@@ -219,12 +215,13 @@ def estimate_stream(spec: StreamSpec, rows: list[Any] | np.ndarray | DecodedRepo
         c_lo, c_hi = confidence_interval(f_hat, var, n, level)
         raw = est = f_hat
         if consistency:
-            est = project_to_simplex(f_hat)
+            est = project_simplex(f_hat)
             c_lo, c_hi = np.clip(c_lo, 0.0, 1.0), np.clip(c_hi, 0.0, 1.0)
         out.labels = _frequency_labels(spec, f_hat.size)
         out.stderr = np.sqrt(var / n).tolist()
     out.estimate, out.ci_low, out.ci_high = (np.asarray(a, dtype=float).tolist() for a in (est, c_lo, c_hi))
     out.raw = np.asarray(raw, dtype=float).tolist()
+    out.heavy_hitters = _heavy_hitter_rows(spec, out)
     return out
 
 
@@ -246,6 +243,35 @@ def _normalised_means(spec: StreamSpec, mech: Any, reports: np.ndarray,
     if basis == "worst":
         return t_hat, _numeric_variance(mech, t_hat, basis)
     return t_hat, _moment_variance(inner, reports, t_hat)
+
+
+def select_heavy_hitters(spec: HeavyHitterSpec, estimate: Any, stderr: Any, z: float = 3.0,
+                         max_candidates: int = 16, min_frequency: float = 0.0) -> np.ndarray:
+    """Indices of a heavy-hitter round's selected items (catch-all excluded), largest estimate first.
+
+    The floor is the round's ``threshold`` when set, else ``max(z·stderr, min_frequency)`` per item (significantly
+    above zero); at most ``top_k`` items when set, else ``max_candidates`` (:class:`HeavyHitterSpec`).
+    """
+    f = np.asarray(estimate, dtype=float).reshape(-1)
+    se = np.asarray(stderr, dtype=float).reshape(-1)
+    if f.shape != (spec.k,) or se.shape != f.shape:
+        raise ValueError(f"estimate has shape {f.shape}, the heavy-hitter round has k = {spec.k}")
+    if spec.threshold is not None:
+        keep = np.flatnonzero(f[:-1] >= spec.threshold)
+    else:
+        keep = np.flatnonzero(f[:-1] > np.maximum(z * se[:-1], min_frequency))
+    keep = keep[np.argsort(-f[keep], kind="stable")]
+    return keep[: spec.top_k if spec.top_k is not None else max_candidates]
+
+
+def _heavy_hitter_rows(spec: StreamSpec, out: StreamEstimate) -> list[dict[str, Any]]:
+    hh = spec.heavy_hitters
+    if hh is None or len(out.estimate) != hh.k:
+        return []
+    width = hh.prefix_bits + hh.step_bits
+    return [{"prefix": int(hh.item_prefix(int(i))), "bits": width,  # type: ignore[arg-type]
+             "label": out.labels[i], "frequency": out.estimate[i]}
+            for i in select_heavy_hitters(hh, out.estimate, out.stderr)]
 
 
 def _frequency_labels(spec: StreamSpec, k: int) -> list[str]:

@@ -20,20 +20,20 @@ which rounds were used:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from coordinator.estimate import StreamEstimate
+from coordinator.estimate import StreamEstimate, select_heavy_hitters
 from protocols.contract import HeavyHitterSpec, RoundParams, StreamSpec, parse_round_params
 from coordinator.store import Store
 from protocols import wire
+from protocols.rounding import quantise_step
 
 __all__ = ["RoundManager", "check_round_params", "plan_rounding_steps", "plan_heavy_hitters",
-           "quantise_step", "heavy_hitters_from_estimate"]
+           "heavy_hitters_from_estimate"]
 
 Publisher = Callable[[str, bytes, bool], None]
 
@@ -165,15 +165,6 @@ class RoundManager:
 # ---------------------------------------------------------------------- planners (pure functions)
 
 
-def quantise_step(step: Any, lo: Any, hi: Any, k_base: int = 100) -> np.ndarray:
-    """Round a step up to ``(hi - lo)/K_base · 2^m`` (m ≥ 0 integer) so successive grids nest (SPEC §2.2), with
-    ``2^m ≤ K_base`` (a step never exceeds hi - lo): devices follow only these nested steps of their own grid."""
-    base = (np.asarray(hi, dtype=float) - np.asarray(lo, dtype=float)) / k_base
-    ratio = np.maximum(np.asarray(step, dtype=float) / base, 1.0)
-    m = np.ceil(np.log2(ratio) - 1e-12)
-    return base * np.exp2(np.clip(m, 0.0, math.floor(math.log2(k_base))))
-
-
 def plan_rounding_steps(means: Sequence[Sequence[float]], stderrs: Sequence[Sequence[float]], lo: Any, hi: Any,
                         k_base: int = 100, eta: float = 0.1, max_fraction: float = 0.25) -> np.ndarray:
     """α-rounding step per dimension for the next round from the previous rounds' estimated means.
@@ -185,7 +176,7 @@ def plan_rounding_steps(means: Sequence[Sequence[float]], stderrs: Sequence[Sequ
 
     (subtracting the difference's standard error so estimation noise alone does not look volatile), and
     ``step_j = (hi_j - lo_j) · max(1/K_base, score_j/η)``, capped at ``max_fraction·(hi_j - lo_j)`` and quantised
-    with :func:`quantise_step`. Fewer than two rounds: the finest step ``(hi - lo)/K_base``.
+    with :func:`protocols.rounding.quantise_step`. Fewer than two rounds: the finest step ``(hi - lo)/K_base``.
     Uses only published aggregates (post-processing).
     """
     lo_a, hi_a = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
@@ -208,22 +199,20 @@ def plan_rounding_steps(means: Sequence[Sequence[float]], stderrs: Sequence[Sequ
 
 def heavy_hitters_from_estimate(spec: HeavyHitterSpec, est: StreamEstimate, z: float = 3.0,
                                 max_candidates: int = 16, min_frequency: float = 0.0) -> list[tuple[int, float]]:
-    """The items (as (prefix_bits + step_bits)-bit prefixes) whose estimated frequency exceeds
-    ``max(z·stderr, min_frequency)``, largest first, at most ``max_candidates`` (catch-all item excluded)."""
+    """The items (as (prefix_bits + step_bits)-bit prefixes) the round selects, largest first, catch-all item
+    excluded: :func:`coordinator.estimate.select_heavy_hitters` — estimates reaching the round's ``threshold`` (unset:
+    exceeding ``max(z·stderr, min_frequency)``), at most its ``top_k`` (unset: ``max_candidates``)."""
+    keep = select_heavy_hitters(spec, est.estimate, est.stderr, z, max_candidates, min_frequency)
     f = np.asarray(est.estimate, dtype=float)
-    se = np.asarray(est.stderr, dtype=float)
-    if f.shape != (spec.k,):
-        raise ValueError(f"estimate has shape {f.shape}, the heavy-hitter round has k = {spec.k}")
-    keep = np.flatnonzero(f[:-1] > np.maximum(z * se[:-1], min_frequency))
-    keep = keep[np.argsort(-f[keep], kind="stable")][:max_candidates]
     return [(int(spec.item_prefix(int(i))), float(f[i])) for i in keep]  # type: ignore[arg-type]
 
 
 def plan_heavy_hitters(spec: HeavyHitterSpec, est: StreamEstimate, z: float = 3.0, max_candidates: int = 16,
                        min_frequency: float = 0.0) -> HeavyHitterSpec | None:
-    """Next round's prefix extension: candidates = this round's significant (prefix, next bits) items.
+    """Next round's prefix extension: candidates = this round's selected (prefix, next bits) items
+    (:func:`heavy_hitters_from_estimate`); the round's ``threshold`` and ``top_k`` carry over.
 
-    Returns None when the prefixes already have ``bits`` bits (done) or nothing is significant.
+    Returns None when the prefixes already have ``bits`` bits (done) or nothing is selected.
     """
     new_prefix_bits = spec.prefix_bits + spec.step_bits
     if new_prefix_bits >= spec.bits:
@@ -233,7 +222,7 @@ def plan_heavy_hitters(spec: HeavyHitterSpec, est: StreamEstimate, z: float = 3.
         return None
     step = min(spec.step_bits, spec.bits - new_prefix_bits)
     return HeavyHitterSpec(bits=spec.bits, prefix_bits=new_prefix_bits, step_bits=step,
-                           candidates=sorted(p for p, _ in found))
+                           candidates=sorted(p for p, _ in found), threshold=spec.threshold, top_k=spec.top_k)
 
 
 def plan_round(base: RoundParams, history: Sequence[tuple[str, dict[str, StreamEstimate]]], k_base: int = 100,

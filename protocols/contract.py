@@ -58,7 +58,7 @@ import math
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from protocols.wire import IDENT
 
@@ -119,12 +119,43 @@ class HeavyHitterSpec(_Model):
     ``prefix_bits`` bits equal ``candidates[i]`` maps to item ``i·2^step_bits + next_bits(x)``; any other value maps
     to the catch-all item ``len(candidates)·2^step_bits``. The stream's frequency oracle therefore has
     ``k = len(candidates)·2^step_bits + 1``. The first round has ``prefix_bits = 0`` and ``candidates = [0]``.
+
+    How the coordinator selects this round's heavy items (its estimate's ``heavy_hitters`` and the next round's
+    candidates, :func:`coordinator.estimate.select_heavy_hitters`) — optional, omitted from the JSON when unset, so
+    rounds without them read and serialise as before; devices ignore both:
+
+    * ``threshold`` — a frequency in [0, 1]: keep the items whose estimated frequency reaches it. Unset: the items
+      significantly above zero (estimate > z·stderr, z = 3 by default: a prefix nobody holds passes with probability
+      ≤ Φ(−3) ≈ 0.00135, normal approximation).
+    * ``top_k`` — keep at most the k best of the items passing the threshold (which stays a floor), as
+      :mod:`protocols.heavy_hitters` does at each extension step. Unset: at most the planner's ``max_candidates``.
     """
 
     bits: int = Field(ge=1, le=62)
     prefix_bits: int = Field(ge=0)
     step_bits: int = Field(ge=1, le=16)
     candidates: list[int] = Field(min_length=1)
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, ge=1)
+
+    @field_validator("threshold", "top_k", mode="before")
+    @classmethod
+    def _no_coercion(cls, v: Any, info: Any) -> Any:
+        """No booleans, and top_k no float: ``True`` or ``3.0`` is a mistake, not a count."""
+        kinds = (int,) if info.field_name == "top_k" else (int, float)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, kinds)):
+            what = "an integer >= 1" if info.field_name == "top_k" else "a frequency in [0, 1]"
+            raise ValueError(f"{info.field_name} must be {what}")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_selection(self, handler: Any) -> dict[str, Any]:
+        """Rounds without a threshold or top-k serialise exactly as before these fields existed."""
+        data = handler(self)
+        for key in ("threshold", "top_k"):
+            if data.get(key, 0) is None:
+                del data[key]
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "HeavyHitterSpec":
@@ -387,16 +418,28 @@ def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
     return row
 
 
-def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:
-    """Clip to [lo, hi] and map to [-1, 1]: ``t = 2(x - lo)/(hi - lo) - 1``."""
+def _lo_hi(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
     lo_a, hi_a = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
-    x = np.clip(np.asarray(x, dtype=float), lo_a, hi_a)
-    return np.clip(2.0 * (x - lo_a) / (hi_a - lo_a) - 1.0, -1.0, 1.0)
+    if not (np.all(np.isfinite(lo_a)) and np.all(np.isfinite(hi_a))):
+        raise ValueError("bounds lo and hi must be finite")
+    if np.any(hi_a <= lo_a):
+        raise ValueError("bounds need hi > lo in every dimension")
+    return lo_a, hi_a
+
+
+def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:
+    """Clip to [lo, hi] and map to [-1, 1]: ``t = 2(x - lo)/(hi - lo) - 1`` (trailing axis = dimensions; the one
+    normalisation of devices, simulations and tests). ValueError for non-finite values or bounds without hi > lo."""
+    lo_a, hi_a = _lo_hi(lo, hi)
+    arr = np.asarray(x, dtype=float)
+    if arr.size and not np.all(np.isfinite(arr)):
+        raise ValueError("values must be finite; got NaN or infinity")
+    return np.clip(2.0 * (np.clip(arr, lo_a, hi_a) - lo_a) / (hi_a - lo_a) - 1.0, -1.0, 1.0)
 
 
 def denormalise(t: Any, lo: Any, hi: Any) -> np.ndarray:
-    """Inverse of :func:`normalise`: ``x = lo + (t + 1)(hi - lo)/2`` (no clipping)."""
-    lo_a, hi_a = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    """Inverse of :func:`normalise`: ``x = lo + (t + 1)(hi - lo)/2`` (no clipping: estimates may lie outside)."""
+    lo_a, hi_a = _lo_hi(lo, hi)
     return lo_a + (np.asarray(t, dtype=float) + 1.0) * (hi_a - lo_a) / 2.0
 
 

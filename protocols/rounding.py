@@ -39,6 +39,7 @@ import numpy as np
 __all__ = [
     "volatility_score",
     "VolatilityDetector",
+    "quantise_step",
     "quantised_step",
     "quantised_exponent",
     "AlphaRounder",
@@ -159,8 +160,21 @@ def quantised_exponent(score: Any, k_base: int = 100, eta: float = 0.1) -> np.nd
     return np.clip(m, 0, int(math.floor(math.log2(k_base))))
 
 
+def quantise_step(step: Any, lo: Any, hi: Any, k_base: int = 100) -> np.ndarray:
+    """Round a step up to the nested grid ``(hi - lo)/K_base · 2^m`` (m ≥ 0 integer, ``2^m ≤ K_base`` so a step
+    never exceeds hi - lo): the one nested-step rule (SPEC §2.2) of the device's epochs (:func:`quantised_step`)
+    and of the coordinator's planned rounds (``coordinator.rounds.plan_rounding_steps``); devices follow only
+    these steps of their own grid."""
+    base = (np.asarray(hi, dtype=float) - np.asarray(lo, dtype=float)) / k_base
+    ratio = np.maximum(np.asarray(step, dtype=float) / base, 1.0)
+    # the tiny slack keeps exact powers of two (ratio = 2^m) from rounding up to m + 1
+    m = np.ceil(np.log2(ratio) - 1e-12)
+    return base * np.exp2(np.clip(m, 0.0, math.floor(math.log2(k_base))))
+
+
 def quantised_step(lo: Any, hi: Any, score: Any, k_base: int = 100, eta: float = 0.1) -> np.ndarray:
-    """``(hi-lo)·max(1/K_base, score/η)`` rounded up to ``(hi-lo)/K_base·2^m`` (m ≥ 0, step ≤ hi - lo)."""
+    """``(hi-lo)·max(1/K_base, score/η)`` rounded up to ``(hi-lo)/K_base·2^m`` (m ≥ 0, step ≤ hi - lo): the
+    nested grid exponent of a volatility score (:func:`quantised_exponent`; the same grid as :func:`quantise_step`)."""
     lo_arr, hi_arr = _bounds(lo, hi)
     m = quantised_exponent(score, k_base, eta)
     return (hi_arr - lo_arr) / k_base * np.exp2(m)

@@ -6,11 +6,11 @@
   direct HM k-sampling, Duchi multi-dim, per-dimension frequency oracles), with the variances compared.
 * :class:`MemoizedPipeline` — the vectorised fleet simulator of the whole device pipeline (volatility, epoch
   steps, α-rounding, normalisation, memoized record reports, per-device ε accounting).
-* :func:`normalise`, :func:`denormalise` — small per-device helpers (memo keys: :mod:`protocols.memo_key`).
+* normalisation (:func:`protocols.contract.normalise`) and memo keys (:mod:`protocols.memo_key`) have their own homes.
 """
 
 from .auto import AUTO_QUERIES, AutoRecord, MechanismChoice, choose_mechanism, comparison_table
-from .fleet import FleetRun, MemoizedPipeline, denormalise, normalise
+from .fleet import FleetRun, MemoizedPipeline
 from .record import (
     DETAIL_MECHANISMS,
     MEAN_MECHANISMS,
@@ -38,6 +38,4 @@ __all__ = [
     "comparison_table",
     "MemoizedPipeline",
     "FleetRun",
-    "normalise",
-    "denormalise",
 ]

@@ -34,12 +34,13 @@ from typing import Any
 import numpy as np
 
 from protocols import registry
+from protocols.contract import denormalise, normalise
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
 
 from .auto import choose_mechanism
 from .record import HaarRecord
 
-__all__ = ["normalise", "denormalise", "MemoizedPipeline", "FleetRun"]
+__all__ = ["MemoizedPipeline", "FleetRun"]
 
 
 
@@ -54,23 +55,6 @@ def _bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
     if np.any(hi_arr <= lo_arr):
         raise ValueError("bounds need hi > lo in every dimension")
     return lo_arr.astype(float), hi_arr.astype(float)
-
-
-def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:
-    """Clip x to [lo, hi] and map it to ``t = 2(x - lo)/(hi - lo) - 1 ∈ [-1, 1]`` (SPEC §2.3; trailing axis = dims)."""
-    arr = np.asarray(x, dtype=float)
-    if arr.size and not np.all(np.isfinite(arr)):
-        raise ValueError("values must be finite; got NaN or infinity")
-    lo_arr, hi_arr = _bounds(lo, hi)
-    t = 2.0 * (np.clip(arr, lo_arr, hi_arr) - lo_arr) / (hi_arr - lo_arr) - 1.0
-    return np.clip(t, -1.0, 1.0)
-
-
-def denormalise(t: Any, lo: Any, hi: Any) -> np.ndarray:
-    """Inverse of :func:`normalise` on [-1, 1]: ``x = lo + (t + 1)(hi - lo)/2`` (estimates may lie outside)."""
-    arr = np.asarray(t, dtype=float)
-    lo_arr, hi_arr = _bounds(lo, hi)
-    return lo_arr + (arr + 1.0) * (hi_arr - lo_arr) / 2.0
 
 
 # ---------------------------------------------------------------------------------------------------- hashing

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.estimate import estimate_round, estimate_stream, project_to_simplex
-from coordinator.rounds import RoundManager, plan_heavy_hitters, plan_rounding_steps, quantise_step
+from coordinator.estimate import estimate_round, estimate_stream
+from coordinator.rounds import RoundManager, plan_heavy_hitters, plan_rounding_steps
+from protocols.frequency.postprocess import project_simplex as project_to_simplex
+from protocols.rounding import quantise_step
 from protocols.contract import (HeavyHitterSpec, StreamSpec, denormalise, heavy_hitter_items, make_body,
                                  normalise)
 from coordinator.simfleet import SimFleet

@@ -18,12 +18,11 @@ from protocols.pipeline import (
     MemoizedPipeline,
     choose_mechanism,
     coefficient_bounds,
-    denormalise,
-    normalise,
     objective_weights,
     optimal_split,
     range_weight_vector,
 )
+from protocols.contract import denormalise, normalise
 from protocols.memo_key import canonical_value
 from protocols.memo_key import memo_key as record_memo_key
 from protocols.pipeline._variance import QuadraticModel
