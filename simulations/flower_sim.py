@@ -60,6 +60,8 @@ from typing import Any
 
 import numpy as np
 
+from simulations.datasets import ADULT_DIR, read_dat
+
 __all__ = [
     "ADULT_PATH",
     "SIM_ENV",
@@ -76,7 +78,6 @@ __all__ = [
     "default_max_open",
     "memory_needed",
     "FlowerSimResult",
-    "load_adult",
     "syn_values",
     "fleet_data",
     "device_config",
@@ -87,7 +88,7 @@ __all__ = [
     "run_from_args",
 ]
 
-ADULT_PATH = Path(__file__).resolve().parents[1] / "data" / "adult" / "adult-coarse.dat"
+ADULT_PATH = ADULT_DIR / "adult-coarse.dat"
 
 #: stream name → (dimension kind, Adult column or None for Syn, domain, mechanism)
 STREAMS: dict[str, tuple[str, int | None, int, str]] = {
@@ -98,17 +99,6 @@ STREAMS: dict[str, tuple[str, int | None, int, str]] = {
 
 
 # --- data -----------------------------------------------------------------------------------------------------
-
-
-def load_adult(path: str | Path = ADULT_PATH) -> np.ndarray:
-    """The coarse Adult table as an (n, 15) int array (first line of the file: the row count)."""
-    p = Path(path)
-    with open(p) as fh:
-        n = int(fh.readline().split()[0])
-        data = np.loadtxt(fh, delimiter=",", dtype=np.int64, ndmin=2)
-    if data.shape[0] != n:
-        raise ValueError(f"{p}: header says {n} rows, found {data.shape[0]}")
-    return data
 
 
 def syn_values(n_users: int, steps: int, k: int, p_change: float, rng: np.random.Generator) -> np.ndarray:
@@ -166,7 +156,7 @@ def fleet_data(spec: SimFleetSpec) -> tuple[np.ndarray, np.ndarray]:
     key = (spec.adult_path, spec.seed, spec.n_devices, spec.syn_users, spec.syn_steps, spec.syn_p_change)
     hit = _DATA.get(key)
     if hit is None:
-        adult = load_adult(spec.adult_path)
+        adult = read_dat(Path(spec.adult_path))
         rng = np.random.default_rng(spec.seed)
         syn = syn_values(spec.syn_users, spec.syn_steps, STREAMS["syn"][2], spec.syn_p_change, rng)
         ids = np.arange(spec.n_devices)
