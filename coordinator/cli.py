@@ -289,6 +289,7 @@ def cmd_rounds(args: argparse.Namespace) -> int:
 
             history = [(rid, estimate_round(store, rid)) for rid in args.after]
             base = _load_json_arg(args.params) if args.params else manager.get(args.after[-1]).params
+            base = _with_selection(base, args.threshold, args.top_k)
             cfg = manager.open_next_round(args.id, args.epsilon, base, history)
             print(cfg.to_bytes().decode())
         elif args.rounds_cmd == "publish":
@@ -306,6 +307,24 @@ def cmd_rounds(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _with_selection(base: Any, threshold: float | None, top_k: int | None) -> Any:
+    """``base`` round params with every heavy-hitter stream's ``threshold`` / ``top_k`` set (those given)."""
+    if threshold is None and top_k is None:
+        return base
+    from protocols.contract import parse_round_params
+    from protocols.heavy_hitters import check_selection
+
+    check_selection(threshold, top_k)
+    params = parse_round_params(base)
+    if not any(spec.heavy_hitters is not None for spec in params.streams.values()):
+        raise ValueError("--threshold and --top-k select heavy hitters, and no stream of the round has heavy_hitters")
+    given = {k: v for k, v in (("threshold", threshold), ("top_k", top_k)) if v is not None}
+    streams = {name: spec if spec.heavy_hitters is None else
+               spec.model_copy(update={"heavy_hitters": spec.heavy_hitters.model_copy(update=given)})
+               for name, spec in params.streams.items()}
+    return params.model_copy(update={"streams": streams}).model_dump(mode="json", exclude_none=True)
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -328,6 +347,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             continue
         for label, e, lo, hi in zip(est.labels, est.estimate, est.ci_low, est.ci_high):
             print(f"   {label:>16}  {e:12.6g}   [{lo:.6g}, {hi:.6g}]")
+        if est.heavy_hitters:
+            print("   heavy hitters: " + ", ".join(f"{h['label']} ({h['frequency']:.4g})" for h in est.heavy_hitters))
     return 0
 
 
@@ -459,6 +480,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             help="Unix time after which devices no longer answer the round")
         if name == "next":
             sp.add_argument("--after", nargs="+", required=True, help="earlier rounds, oldest first")
+            sp.add_argument("--threshold", type=float, default=None,
+                            help="heavy hitters: keep the items whose estimated frequency reaches this (0..1) "
+                                 "instead of those significantly above zero (3 standard errors); carried onward")
+            sp.add_argument("--top-k", dest="top_k", type=int, default=None,
+                            help="heavy hitters: keep at most the k best items passing the threshold at each "
+                                 "extension step (default: up to 16); carried onward")
         sp.set_defaults(func=cmd_rounds)
 
     es = sub.add_parser("estimate", help="estimates with confidence intervals for a round")

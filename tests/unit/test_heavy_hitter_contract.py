@@ -1,0 +1,104 @@
+"""Heavy-hitter selection in the round contract and the coordinator (issue 20 item 3): ``threshold`` and ``top_k``
+in HeavyHitterSpec (optional, absent from the JSON when unset), the estimate's ``heavy_hitters``, the planner."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from coordinator.cli import _with_selection
+from coordinator.estimate import estimate_stream, select_heavy_hitters
+from coordinator.rounds import heavy_hitters_from_estimate, plan_heavy_hitters
+from protocols import registry
+from protocols.contract import HeavyHitterSpec, StreamSpec, heavy_hitter_items, parse_round_params
+
+OLD_JSON = '{"bits":6,"prefix_bits":2,"step_bits":2,"candidates":[1,2]}'
+
+
+def _stream(hh: HeavyHitterSpec) -> dict:
+    return {"kind": "frequency", "mechanism": "oue", "params": {"epsilon": 3.0, "k": hh.k}, "dims": ["site"],
+            "heavy_hitters": json.loads(hh.model_dump_json())}
+
+
+def test_contract_json_round_trip_without_the_new_fields_is_unchanged():
+    spec = HeavyHitterSpec.model_validate_json(OLD_JSON)
+    assert spec.threshold is None and spec.top_k is None
+    assert spec.model_dump_json() == OLD_JSON
+    assert set(spec.model_dump()) == {"bits", "prefix_bits", "step_bits", "candidates"}
+    params = parse_round_params({"streams": {"site": _stream(spec)}})
+    dumped = json.loads(params.model_dump_json())
+    assert dumped["streams"]["site"]["heavy_hitters"] == json.loads(OLD_JSON)
+    assert parse_round_params(dumped) == params
+
+
+def test_contract_json_round_trip_with_the_new_fields():
+    spec = HeavyHitterSpec(bits=6, prefix_bits=2, step_bits=2, candidates=[1, 2], threshold=0.05, top_k=3)
+    text = spec.model_dump_json()
+    assert json.loads(text) == {**json.loads(OLD_JSON), "threshold": 0.05, "top_k": 3}
+    assert HeavyHitterSpec.model_validate_json(text) == spec
+    only_k = HeavyHitterSpec.model_validate({**json.loads(OLD_JSON), "top_k": 2})
+    assert json.loads(only_k.model_dump_json()) == {**json.loads(OLD_JSON), "top_k": 2}
+    params = parse_round_params({"streams": {"site": _stream(spec)}})
+    assert parse_round_params(json.loads(params.model_dump_json())).streams["site"].heavy_hitters == spec
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"threshold": 1.5}, "less than or equal to 1"),
+    ({"threshold": -0.01}, "greater than or equal to 0"),
+    ({"threshold": True}, "threshold must be a frequency"),
+    ({"top_k": 0}, "greater than or equal to 1"),
+    ({"top_k": 2.0}, "top_k must be an integer"),
+    ({"top_k": True}, "top_k must be an integer"),
+])
+def test_contract_refuses_bad_selection(extra, match):
+    with pytest.raises(ValueError, match=match):
+        HeavyHitterSpec.model_validate({**json.loads(OLD_JSON), **extra})
+
+
+def test_select_heavy_hitters_threshold_top_k_and_default():
+    hh = HeavyHitterSpec(bits=4, prefix_bits=0, step_bits=2, candidates=[0])  # k = 5, the last is "other"
+    f = np.array([0.30, 0.02, 0.45, 0.10, 0.13])
+    se = np.full(5, 0.01)
+    np.testing.assert_array_equal(select_heavy_hitters(hh, f, se), [2, 0, 3])  # > 3·se; catch-all excluded
+    np.testing.assert_array_equal(select_heavy_hitters(hh, f, se, max_candidates=2), [2, 0])
+    with_t = hh.model_copy(update={"threshold": 0.2})
+    np.testing.assert_array_equal(select_heavy_hitters(with_t, f, se), [2, 0])
+    with_k = hh.model_copy(update={"top_k": 1})
+    np.testing.assert_array_equal(select_heavy_hitters(with_k, f, se, max_candidates=16), [2])
+    both = hh.model_copy(update={"threshold": 0.4, "top_k": 3})  # the threshold stays a floor
+    np.testing.assert_array_equal(select_heavy_hitters(both, f, se), [2])
+    with pytest.raises(ValueError, match="k = 5"):
+        select_heavy_hitters(hh, f[:4], se[:4])
+
+
+def test_estimate_lists_heavy_hitters_and_the_planner_carries_the_options():
+    rng = np.random.default_rng(5)
+    values = np.repeat(np.array([0b101101, 0b111111, 0b100000, 0b101100]), [8000, 4000, 1000, 500])
+    hh = HeavyHitterSpec(bits=6, prefix_bits=0, step_bits=2, candidates=[0], top_k=2)
+    spec = StreamSpec.model_validate(_stream(hh))
+    oracle = registry.build("oue", epsilon=3.0, k=hh.k)
+    est = estimate_stream(spec, registry.row_to_json(oracle.privatize(heavy_hitter_items(hh, values), rng)))
+    assert [h["prefix"] for h in est.heavy_hitters] == [0b10, 0b11]
+    assert est.heavy_hitters[0]["label"] == "10" and est.heavy_hitters[0]["bits"] == 2
+    assert est.to_dict()["heavy_hitters"] == est.heavy_hitters
+    assert heavy_hitters_from_estimate(hh, est) == [(h["prefix"], h["frequency"]) for h in est.heavy_hitters]
+    nxt = plan_heavy_hitters(hh, est)
+    assert nxt is not None and nxt.candidates == [0b10, 0b11] and nxt.top_k == 2 and nxt.threshold is None
+    plain = estimate_stream(spec.model_copy(update={"heavy_hitters": None, "labels": None}), est.raw)
+    assert plain.heavy_hitters == []
+
+
+def test_rounds_next_selection_options_set_every_heavy_hitter_stream():
+    hh = HeavyHitterSpec.model_validate_json(OLD_JSON)
+    base = {"streams": {"site": _stream(hh)}}
+    assert _with_selection(base, None, None) is base
+    out = _with_selection(base, 0.05, 3)
+    assert out["streams"]["site"]["heavy_hitters"] == {**json.loads(OLD_JSON), "threshold": 0.05, "top_k": 3}
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1"):
+        _with_selection(base, None, 0)
+    no_hh = {"streams": {"site": {k: v for k, v in _stream(hh).items() if k != "heavy_hitters"}}}
+    no_hh["streams"]["site"]["params"] = {"epsilon": 3.0, "k": 4}
+    with pytest.raises(ValueError, match="no stream of the round has heavy_hitters"):
+        _with_selection(no_hh, 0.05, None)
