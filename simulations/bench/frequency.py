@@ -68,22 +68,25 @@ class Impl:
 # --- peers -------------------------------------------------------------------------------------------------------
 
 
-def _pure_ldp(submodule: str) -> types.ModuleType:
-    """Import ``pure_ldp.frequency_oracles.<submodule>`` without the package ``__init__``.
+def _pure_ldp(submodule: str, package: str = "frequency_oracles") -> types.ModuleType:
+    """Import ``pure_ldp.<package>.<submodule>`` without the package ``__init__``.
 
     pure-ldp 1.2.0's ``frequency_oracles/__init__.py`` imports its RAPPOR server, which needs scikit-learn (not a
-    declared dependency); registering a bare package object lets the oracles we benchmark import on their own.
+    declared dependency), and ``heavy_hitters/__init__.py`` imports its TreeHist server, which needs that
+    ``__init__``; registering a bare package object lets the modules we benchmark import on their own.
     """
-    name = f"pure_ldp.frequency_oracles.{submodule}"
+    name = f"pure_ldp.{package}.{submodule}"
     try:
         return importlib.import_module(name)
     except ImportError:
         spec = importlib.util.find_spec("pure_ldp")
         if spec is None or spec.origin is None:
             raise
-        package = types.ModuleType("pure_ldp.frequency_oracles")
-        package.__path__ = [str(Path(spec.origin).parent / "frequency_oracles")]
-        sys.modules["pure_ldp.frequency_oracles"] = package
+        if package != "frequency_oracles":
+            _pure_ldp("local_hashing")  # the heavy hitters' default oracle, through the bare frequency package
+        bare = types.ModuleType(f"pure_ldp.{package}")
+        bare.__path__ = [str(Path(spec.origin).parent / package)]
+        sys.modules[f"pure_ldp.{package}"] = bare
         return importlib.import_module(name)
 
 
