@@ -6,12 +6,17 @@ report and the ε the ledger must charge), a vectorised fleet simulator (``new_f
 ``simulate_rounds``) and a vectorised aggregator (``estimate_round``); ``epsilon_inf``, ``epsilon_1`` and
 ``longitudinal_bound`` state the guarantees, ``transcript_epsilon_bound`` the rigorous bound for a pair of value
 sequences (memoization protects values, not the times at which they change — see :mod:`.base`).
+:class:`LongitudinalProtocol` / :class:`LongitudinalClient` are that common interface; the memoized protocols
+derive from :class:`MemoizedProtocol` / :class:`MemoizedClient` (memo slots, PRR, IRR), DDRM's difference trees
+from the common interface only.
 """
 
 from protocols.longitudinal.base import (
     FleetState,
     LongitudinalClient,
     LongitudinalProtocol,
+    MemoizedClient,
+    MemoizedProtocol,
     SimulationResult,
     client_from_state,
     protocol_from_params,
@@ -42,6 +47,8 @@ __all__ = [
     "LongitudinalProtocol",
     "LongitudinalReport",
     "MemoTable",
+    "MemoizedClient",
+    "MemoizedProtocol",
     "OneBitMeanMemo",
     "RAPPOR",
     "RapporReports",

@@ -22,7 +22,7 @@ import numpy as np
 
 from protocols.accounting import dbitflip_bound
 from protocols.base import check_categories, check_epsilon, check_int
-from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
+from protocols.longitudinal.base import FleetState, MemoizedClient, MemoizedProtocol
 from protocols.longitudinal.grr import check_category
 from protocols.longitudinal.prf import prf_uniform
 
@@ -38,7 +38,7 @@ class DBitReports(NamedTuple):
     bits: np.ndarray
 
 
-class DBitFlipPM(LongitudinalProtocol):
+class DBitFlipPM(MemoizedProtocol):
     """dBitFlipPM over [0, k) with b buckets (b ≤ k) and d sampled buckets per device (1 ≤ d ≤ b)."""
 
     name = "dBitFlipPM"
@@ -136,7 +136,7 @@ class DBitFlipPM(LongitudinalProtocol):
         return sums * self.b / (n * self.d)
 
 
-class DBitFlipClient(LongitudinalClient):
+class DBitFlipClient(MemoizedClient):
     """Device side of dBitFlipPM: d sampled buckets for life; ``report(v)`` returns ``(buckets, bits)``."""
 
     protocol: DBitFlipPM

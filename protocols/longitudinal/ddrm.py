@@ -22,6 +22,13 @@ when a device is charged ε per non-zero node it reports, and at most max_nonzer
 Server: E[r | v] = v/c with c = (e^ε+1)/(e^ε-1), so c·mean(r) is unbiased for a node's mean difference, and the
 fraction of ones at time t is the sum over the dyadic decomposition of (0, t] (the set bits of t) — at most
 ⌊log2 t⌋+1 nodes, per-user variance Σ_nodes (c² - E[v²]) ≤ popcount(t)·c².
+
+Interface. A difference tree has no memo slots, no permanent randomized response and no secret: every node is
+randomized afresh from the device's rng. So :class:`DDRM` and :class:`CategoricalDDRM` derive from the common
+:class:`~protocols.longitudinal.base.LongitudinalProtocol` (not the memoized layer) and their clients from
+:class:`~protocols.longitudinal.base.LongitudinalClient`: they have no ``n_slots``, ``memo_slots``, ``_charge``,
+``_slot``, ``_draw_prr``, ``_irr``, ``secret`` or ``memo``, and everything they expose works
+(``tests/unit/test_longitudinal_ddrm_interface.py``).
 """
 
 from __future__ import annotations
@@ -39,10 +46,21 @@ from protocols.longitudinal.memo import LongitudinalReport
 __all__ = ["DDRM", "DDRMClient", "CategoricalDDRM", "CategoricalDDRMClient"]
 
 
+def _tree_client(protocol: LongitudinalProtocol, stream: str, rng: np.random.Generator | None,
+                 secret: object) -> LongitudinalClient:
+    del secret  # a tree keeps no secret (see the protocols' ``client``)
+    return protocol.client_class(protocol, stream=stream, rng=rng)
+
+
 class DDRM(LongitudinalProtocol):
-    """DDRM over horizon T with per-node budget ε and at most ``max_nonzero`` non-zero reports per device."""
+    """DDRM over horizon T with per-node budget ε and at most ``max_nonzero`` non-zero reports per device.
+
+    ``estimate_round`` decodes the latest time from *every* round's reports so far (a round's nodes alone do not
+    cover (0, t]); :meth:`simulate_rounds` therefore keeps the rounds' reports and decodes their concatenation.
+    """
 
     name = "DDRM"
+    _keeps_history = True
 
     def __init__(self, epsilon: float, horizon: int, max_nonzero: int) -> None:
         self.epsilon_inf = self.epsilon_1 = check_epsilon(epsilon)
@@ -82,12 +100,15 @@ class DDRM(LongitudinalProtocol):
         return int(self.node_end.size)
 
     @property
-    def n_slots(self) -> int:
-        return 0
-
-    @property
     def irr_input_epsilon(self) -> float:
+        """ε of one node's randomized response against the opposite non-zero difference."""
         return self.epsilon_inf
+
+    def client(self, *, stream: str = "default", rng: np.random.Generator | None = None,
+               secret: object = None) -> DDRMClient:
+        """A device's tree client. ``secret`` is accepted and unused — a tree memoizes nothing and draws every bit
+        from ``rng`` — so that callers creating clients of any protocol alike need not special-case trees."""
+        return _tree_client(self, stream, rng, secret)  # type: ignore[return-value]
 
     def longitudinal_bound(self, n_distinct: int | None = None) -> float:
         """max_nonzero · ε (``n_distinct``, if given, caps the number of non-zero nodes instead): each non-zero node
@@ -129,7 +150,11 @@ class DDRM(LongitudinalProtocol):
         a, b = np.asarray(values_a).ravel(), np.asarray(values_b).ravel()
         if a.shape != b.shape or a.size == 0:
             raise ValueError("both streams must be non-empty and of equal length")
-        va, vb = self.node_values(a), self.node_values(b)
+        return self.pair_loss(self.node_values(a), self.node_values(b))
+
+    def pair_loss(self, va: np.ndarray, vb: np.ndarray) -> float:
+        """The exact worst-case log-likelihood ratio between the reports of two effective node-value arrays (same
+        shape): Σ c(v_a, v_b) in the direction that is larger (module docstring)."""
         opposite = int(np.count_nonzero((va * vb) < 0))
         only_a = int(np.count_nonzero((va != 0) & (vb == 0)))
         only_b = int(np.count_nonzero((va == 0) & (vb != 0)))
@@ -226,28 +251,12 @@ class DDRM(LongitudinalProtocol):
         sq = np.asarray(node_sq_means, dtype=float)
         return float(np.sum(self.c**2 - sq[nodes]))
 
-    def simulate_rounds(
-        self, values: Any, rng: np.random.Generator, fleet: FleetState | None = None, *,
-        estimate: Any = None, **fixed: Any
-    ) -> Any:
-        raise NotImplementedError("use privatize_stream / estimate (or privatize_round per time step) for DDRM")
+    def _estimate_history(self, history: list[Any]) -> float:
+        """The fraction of ones at the latest round, from every round's reports (concatenated)."""
+        return self.estimate_round(np.concatenate(history, axis=1))
 
 
-class _TreeClient(LongitudinalClient):
-    """A difference-tree client: no memo slots, PRRs or IRRs (the memo hooks of LongitudinalClient do not apply;
-    ``report`` is the client's own)."""
-
-    def _slot(self, value: Any) -> Any:  # pragma: no cover - trees do not memoize
-        raise NotImplementedError
-
-    def _draw_prr(self, slot: Any, gen: np.random.Generator) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-    def _irr(self, prr: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-
-class DDRMClient(_TreeClient):
+class DDRMClient(LongitudinalClient):
     """Device side of DDRM: ``report(bit)`` returns the ±1 reports (int8 array) of the nodes released now.
 
     The charge is ε per non-zero node reported; there is no memo (``memo_key`` is None). State: time, the stream
@@ -264,9 +273,11 @@ class DDRMClient(_TreeClient):
 
     @property
     def spent(self) -> float:
+        """ε per non-zero node reported so far."""
         return self.protocol.epsilon_inf * self.used
 
     def report(self, value: Any) -> LongitudinalReport:
+        """The ±1 reports of the nodes released at the next time step, charged ε per non-zero node."""
         if isinstance(value, bool) or value not in (0, 1):
             raise ValueError(f"DDRM reports bits (0 or 1), got {value!r}")
         x = int(value)
@@ -347,12 +358,31 @@ class CategoricalDDRM(LongitudinalProtocol):
                 "changes": self.changes}
 
     @property
-    def n_slots(self) -> int:
-        return 0
-
-    @property
     def irr_input_epsilon(self) -> float:
+        """ε of one (node, indicator) randomized response against the opposite non-zero difference."""
         return self.epsilon_inf
+
+    def client(self, *, stream: str = "default", rng: np.random.Generator | None = None,
+               secret: object = None) -> CategoricalDDRMClient:
+        """A device's tree client. ``secret`` is accepted and unused — a tree memoizes nothing and draws every bit
+        from ``rng`` — so that callers creating clients of any protocol alike need not special-case trees."""
+        return _tree_client(self, stream, rng, secret)  # type: ignore[return-value]
+
+    def longitudinal_bound(self, n_distinct: int | None = None) -> float:
+        """The most one tree can charge, ``device_epsilon(horizon)`` = ε·min(M, k·R(T)) (``n_distinct``, if given,
+        caps the number of non-zero (node, indicator) pairs instead)."""
+        pairs = min(self.max_nonzero, self.k * int(self.tree.released_by[self.horizon]))
+        return memo_slots_bound(self.epsilon_inf, pairs, n_distinct)
+
+    def transcript_epsilon_bound(self, values_a: Any, values_b: Any, **device: Any) -> float:
+        """The worst-case log-likelihood ratio between the (node, indicator) bits of two streams — exact for the
+        bits, an upper bound for the reports (prefix sums of released bits, a post-processing)."""
+        a, b = self._check_values(values_a).ravel(), self._check_values(values_b).ravel()
+        if a.shape != b.shape or a.size == 0:
+            raise ValueError("both streams must be non-empty and of equal length")
+        if a.size > self.horizon:
+            raise ValueError(f"streams are longer than the horizon T={self.horizon}")
+        return self.tree.pair_loss(self.node_values(a), self.node_values(b))
 
     def device_epsilon(self, reports: int) -> float:
         """ε · min(M, k·R(reports)): the exact worst case over any two streams (class docstring)."""
@@ -365,6 +395,7 @@ class CategoricalDDRM(LongitudinalProtocol):
         return self.device_epsilon(t) - self.device_epsilon(t - 1)
 
     def charged_total(self, values: Any, **device: Any) -> float:
+        """What the ledger charges for reporting ``values`` (data-independent): ``device_epsilon(len(values))``."""
         return self.device_epsilon(len(np.asarray(values).ravel()))
 
     def step(self, last: list[int], used: int, x: int, t: int) -> tuple[list[tuple[int, np.ndarray]], int]:
@@ -409,6 +440,7 @@ class CategoricalDDRM(LongitudinalProtocol):
         return arr.astype(np.int64)
 
     def estimate_round(self, reports: Any) -> np.ndarray:
+        """f̂ = c·mean(s) from one round's rows ``[t, s_1..s_k]`` (each row decodes alone)."""
         r = np.asarray(reports)
         if r.ndim != 2 or r.shape[1] != self.k + 1 or r.shape[0] == 0 or r.dtype.kind not in "iu":
             raise ValueError(f"DDRM-k reports are integer rows [t, s_1..s_{self.k}]")
@@ -461,7 +493,7 @@ class CategoricalDDRM(LongitudinalProtocol):
         return fleet
 
 
-class CategoricalDDRMClient(_TreeClient):
+class CategoricalDDRMClient(LongitudinalClient):
     """Device side of :class:`CategoricalDDRM`: ``report(value)`` → ``[t, s_1..s_k]`` and the step's charge.
 
     State (``to_state()["device"]``): the step t, the value at the last boundary of every level (−1: none yet —
@@ -478,9 +510,16 @@ class CategoricalDDRMClient(_TreeClient):
 
     @property
     def complete(self) -> bool:
+        """Whether the tree has reported its whole horizon (the next report needs a new tree)."""
         return self.t >= self.protocol.horizon
 
+    @property
+    def spent(self) -> float:
+        """ε charged so far: the sum of the step charges, ``device_epsilon(t)``."""
+        return self.protocol.device_epsilon(self.t)
+
     def report(self, value: Any) -> LongitudinalReport:
+        """``[t, s_1..s_k]`` for the next step and the step's (data-independent) charge."""
         p = self.protocol
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) < p.k:
             raise ValueError(f"DDRM-k reports a category in [0, {p.k}), got {value!r}")

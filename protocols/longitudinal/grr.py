@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from protocols.base import check_categories, check_int
-from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol, grr_fresh
+from protocols.longitudinal.base import FleetState, MemoizedClient, MemoizedProtocol, grr_fresh
 from protocols.longitudinal.chains import TwoStageChain, check_budget_pair, grr_chain, grr_irr_epsilon
 from protocols.longitudinal.prf import prf_uniform
 
@@ -36,7 +36,7 @@ def grr_from_uniforms(v: Any, u_keep: Any, u_other: Any, k: int, p: float) -> np
     return np.where(np.asarray(u_keep) < p, v, other)
 
 
-class LGRR(LongitudinalProtocol):
+class LGRR(MemoizedProtocol):
     """Longitudinal GRR over [0, k). ``epsilon_inf`` > ``epsilon_1`` > 0."""
 
     name = "L-GRR"
@@ -82,7 +82,7 @@ class LGRR(LongitudinalProtocol):
         return self.chain.estimate(np.bincount(y, minlength=self.k), y.size)
 
 
-class LGRRClient(LongitudinalClient):
+class LGRRClient(MemoizedClient):
     """Device side of L-GRR; ``report(v)`` returns the reported symbol (int)."""
 
     protocol: LGRR

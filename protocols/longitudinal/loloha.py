@@ -32,7 +32,7 @@ import numpy as np
 from protocols.accounting import loloha_bound
 from protocols.base import check_categories, check_int
 from protocols.hashing import P, draw_seeds, hash_values, support_counts
-from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol, grr_fresh
+from protocols.longitudinal.base import FleetState, MemoizedClient, MemoizedProtocol, grr_fresh
 from protocols.longitudinal.chains import TwoStageChain, check_budget_pair, grr_chain, grr_irr_epsilon
 from protocols.longitudinal.grr import check_category, grr_from_uniforms
 from protocols.longitudinal.prf import prf_uniform
@@ -60,7 +60,7 @@ def optimal_g(epsilon_inf: float, epsilon_1: float) -> int:
     return max(2, int(round(g)))
 
 
-class LOLOHA(LongitudinalProtocol):
+class LOLOHA(MemoizedProtocol):
     """LOLOHA over [0, k) with hash range g (an int ≥ 2, or ``"optimal"`` for OLOLOHA).
 
     Use :meth:`bi` (g = 2) and :meth:`optimal` (OLOLOHA) for the paper's two variants.
@@ -151,7 +151,7 @@ class LOLOHA(LongitudinalProtocol):
         return self.server_chain.estimate(counts, rep.shape[0])
 
 
-class LOLOHAClient(LongitudinalClient):
+class LOLOHAClient(MemoizedClient):
     """Device side of LOLOHA: a hash seed for life; ``report(v)`` returns ``(seed, y)``."""
 
     protocol: LOLOHA

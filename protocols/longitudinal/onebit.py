@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from protocols.base import check_epsilon, check_int
-from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
+from protocols.longitudinal.base import FleetState, MemoizedClient, MemoizedProtocol
 from protocols.longitudinal.prf import prf_uniform
 
 __all__ = ["OneBitMeanMemo", "OneBitMeanClient", "alpha_round_index"]
@@ -37,7 +37,7 @@ def alpha_round_index(x: Any, u: Any, step: float, s: int) -> np.ndarray:
     return i_low + up
 
 
-class OneBitMeanMemo(LongitudinalProtocol):
+class OneBitMeanMemo(MemoizedProtocol):
     """Memoized 1BitMean on [0, m] with s grid cells and output-perturbation flip probability γ ∈ [0, 1/2)."""
 
     name = "1BitMean-memo"
@@ -140,7 +140,7 @@ class OneBitMeanMemo(LongitudinalProtocol):
         return float(self.m * np.mean((b_tilde * (e + 1) - 1) / (e - 1)))
 
 
-class OneBitMeanClient(LongitudinalClient):
+class OneBitMeanClient(MemoizedClient):
     """Device side: rounding offset u for life; ``report(x)`` returns one bit (int)."""
 
     protocol: OneBitMeanMemo

@@ -53,7 +53,7 @@ import scipy.sparse
 from scipy.optimize import brentq, nnls
 
 from protocols.base import check_categories, check_int
-from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
+from protocols.longitudinal.base import FleetState, MemoizedClient, MemoizedProtocol
 from protocols.longitudinal.chains import check_budget_pair
 from protocols.longitudinal.grr import check_category
 from protocols.longitudinal.memo import encode_value
@@ -114,7 +114,7 @@ def bloom_indices(value_bytes: bytes, cohort: int, num_bits: int, num_hashes: in
     return out
 
 
-class RAPPOR(LongitudinalProtocol):
+class RAPPOR(MemoizedProtocol):
     """RAPPOR with Bloom filter size ``num_bits`` (the paper's k), ``num_hashes`` (h), ``num_cohorts`` (m), f, p, q.
 
     ``domain_size`` (optional) declares the candidate values 0..domain_size-1 used by the fleet simulator and as
@@ -380,7 +380,7 @@ class RAPPOR(LongitudinalProtocol):
         return nnls(a, b, maxiter=50 * len(cands))[0]
 
 
-class RAPPORClient(LongitudinalClient):
+class RAPPORClient(MemoizedClient):
     """Device side of RAPPOR: a cohort for life; ``report(v)`` returns ``(cohort, bits (num_bits,) uint8)``."""
 
     protocol: RAPPOR

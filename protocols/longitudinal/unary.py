@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from protocols.base import check_categories, check_int
-from protocols.longitudinal.base import FleetState, LongitudinalClient, LongitudinalProtocol
+from protocols.longitudinal.base import FleetState, MemoizedClient, MemoizedProtocol
 from protocols.longitudinal.chains import TwoStageChain, check_budget_pair, osue_chain, sue_chain, ue_epsilon
 from protocols.longitudinal.grr import check_category
 from protocols.longitudinal.prf import prf_uniform
@@ -33,7 +33,7 @@ def _unpack_bits(blob: str, k: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(bytes.fromhex(blob), dtype=np.uint8))[:k].astype(bool)
 
 
-class LongitudinalUE(LongitudinalProtocol):
+class LongitudinalUE(MemoizedProtocol):
     """Common code of the unary-encoding chains (subclasses pick the chain)."""
 
     def __init__(self, epsilon_inf: float, epsilon_1: float, k: int) -> None:
@@ -105,7 +105,7 @@ class LSUE(LongitudinalUE):
         return sue_chain(self.epsilon_inf, self.epsilon_1)
 
 
-class LongitudinalUEClient(LongitudinalClient):
+class LongitudinalUEClient(MemoizedClient):
     """Device side of L-OSUE / L-SUE; ``report(v)`` returns a (k,) uint8 vector."""
 
     protocol: LongitudinalUE
