@@ -55,8 +55,9 @@ Default (:func:`choose_rows`): the cheapest admissible design whose variance at 
 15,122, ε = 8.4, and 1.0991× at the tested k; the least-variance design reaches 1.0772×), never with a larger K
 than the least-variance design; where the latter is within 1.1× the default usually saves a factor 2 in K, and
 sometimes far more: k = 10,000 at ε = 8 takes direct response (K = 10,000, 1.0885×) instead of m = 12 (K = 2^26,
-1.0254×); k = 16,384 at ε = 8 takes m = 11 (K = 2^25, 1.036×) instead of m = 12. Beyond k = 2^14 the cap limits t at large ε and the default is the least-variance design (k =
-10^5: up to 3.8× near ε = 8.9; k = 2^26 - 1: only m ≤ 1 fits), never worse than m = 1 unless within 1.1×.
+1.0254×); k = 16,384 at ε = 8 takes m = 11 (K = 2^25, 1.036×) instead of m = 12. Beyond k = 2^14 the cap limits
+t at large ε and the default is the least-variance design (k = 10^5: up to 3.8× near ε = 8.9; k = 2^26 - 1: only
+m ≤ 1 fits), never worse than m = 1 unless within 1.1×.
 
 Decode memory is capped at the int64 histogram (8·K bytes, ≤ 512 MiB at K = 2^26), which the FWHT transforms in
 place, plus bounded scratch: ``FWHT_CHUNK`` = 2^16 entries per butterfly slice and, for m ≥ 2, gather index arrays
