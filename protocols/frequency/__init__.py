@@ -19,8 +19,9 @@ HadamardResponse    int64 y in [0, K), K set by ``rows``  e^ε/(e^ε+t-1), 1/t w
 PublicMatrixOracle  int64 pair [user index i, y = ±1]     e^ε/(e^ε+1), 1/2 (over the public matrix)
 ==================  ====================================  =========================================
 
-HadamardResponse chooses ``rows`` (the number of Hadamard rows cutting a support set) by ε and k to minimise the
-variance — ``rows = 0`` is direct response with GRR's p, q and K = k — see :mod:`protocols.frequency.hadamard`.
+HadamardResponse chooses ``rows`` (the number of Hadamard rows cutting a support set) by ε and k: the cheapest design
+(smallest output space K) within 1.1× of the optimal variance 4e^ε/(e^ε−1)², else the least-variance one —
+``rows = 0`` is direct response with GRR's p, q and K = k — see :mod:`protocols.frequency.hadamard`.
 
 Consistency post-processing (:func:`project_simplex`, :func:`clip_normalise`) is separate from ``estimate`` and
 trades the unbiasedness of the raw estimate for a valid distribution.
