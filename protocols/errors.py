@@ -9,24 +9,21 @@ the members of its enum (a :class:`~enum.StrEnum`: a member *is* its string, so 
 It lives in :mod:`protocols` — the package the device, the coordinator and the simulations all import — so the
 device never imports the coordinator to name an error.
 
-=========================  =====================  ===================================================================
-class                      raised by              meaning
-=========================  =====================  ===================================================================
-:class:`WireError`         protocols.wire,        a message that is malformed, unsigned, wrongly signed or otherwise
-                           coordinator.validate   unacceptable (:class:`RejectReason`)
-:class:`BudgetExceededError`  protocols.accounting  a charge would pass a cap; nothing recorded (:class:`CapReason`)
-:class:`Refused`           edge_agent.state       a report the device will not send (:class:`RefusalReason`)
-:class:`SpecMismatch`      edge_agent.plans       a round's stream spec the device will not follow
-                                                  (:class:`SpecMismatchReason`)
-:class:`InvalidRecord`     edge_agent.readings    a reading that cannot be reported (:class:`InvalidReason`)
-:class:`ConfigError`       edge_agent.config      an agent configuration that cannot be used
-:class:`SourceError`       edge_agent.sources     a data source that cannot be built or read
-:class:`LedgerIntegrityError`  edge_agent.ledger_guard  a missing, older, foreign or damaged ledger
-:class:`RunConfigError`    coordinator.run_config a coordinator configuration that cannot be used
-:class:`PublishError`      coordinator.cli        round configurations could not be published
-:class:`DatasetError`      simulations.datasets   a data file missing or not matching its domain
-:class:`BrokerUnavailable` simulations.broker     neither mosquitto nor amqtt can be started
-=========================  =====================  ===================================================================
+* :class:`WireError` (protocols.wire, coordinator.validate): a message that is malformed, unsigned, wrongly signed
+  or otherwise unacceptable (:class:`RejectReason`);
+* :class:`BudgetExceededError` (protocols.accounting): a charge would pass a cap; nothing recorded
+  (:class:`CapReason`);
+* :class:`Refused` (edge_agent.state, edge_agent.agent): a report the device will not send (:class:`RefusalReason`);
+* :class:`SpecMismatch` (edge_agent.round_contract): a round's stream spec the device will not follow
+  (:class:`SpecMismatchReason`);
+* :class:`InvalidRecord` (edge_agent.readings): a reading that cannot be reported (:class:`InvalidReason`);
+* :class:`ConfigError` (edge_agent.config, edge_agent.plans): an agent configuration that cannot be used;
+* :class:`SourceError` (edge_agent.sources): a data source that cannot be built or read;
+* :class:`LedgerIntegrityError` (edge_agent.ledger_guard): a missing, older, foreign or damaged ledger;
+* :class:`RunConfigError` (coordinator.run_config): a coordinator configuration that cannot be used;
+* :class:`PublishError` (coordinator.cli): round configurations could not be published;
+* :class:`DatasetError` (simulations.datasets): a data file missing or not matching its domain;
+* :class:`BrokerUnavailable` (simulations.broker): neither mosquitto nor amqtt can be started.
 """
 
 from __future__ import annotations
