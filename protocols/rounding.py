@@ -154,9 +154,15 @@ def quantised_exponent(score: Any, k_base: int = 100, eta: float = 0.1) -> np.nd
     s = _finite(score, "score")
     if s.size and s.min() < 0:
         raise ValueError("volatility scores must be >= 0")
-    ratio = np.maximum(1.0, s * k_base / eta)
+    return _nested_exponent(s * k_base / eta, k_base)
+
+
+def _nested_exponent(ratio: Any, k_base: int) -> np.ndarray:
+    """The nested grid's exponent for a step of ``ratio`` finest steps: ``m = ⌈log2 max(1, ratio)⌉`` capped at
+    ⌊log2 K_base⌋ (so a step never exceeds hi - lo); the one rule behind :func:`quantised_exponent` and
+    :func:`quantise_step`."""
     # the tiny slack keeps exact powers of two (ratio = 2^m) from rounding up to m + 1
-    m = np.ceil(np.log2(ratio) - 1e-12).astype(np.int64)
+    m = np.ceil(np.log2(np.maximum(1.0, ratio)) - 1e-12).astype(np.int64)
     return np.clip(m, 0, int(math.floor(math.log2(k_base))))
 
 
@@ -166,10 +172,7 @@ def quantise_step(step: Any, lo: Any, hi: Any, k_base: int = 100) -> np.ndarray:
     and of the coordinator's planned rounds (``coordinator.rounds.plan_rounding_steps``); devices follow only
     these steps of their own grid."""
     base = (np.asarray(hi, dtype=float) - np.asarray(lo, dtype=float)) / k_base
-    ratio = np.maximum(np.asarray(step, dtype=float) / base, 1.0)
-    # the tiny slack keeps exact powers of two (ratio = 2^m) from rounding up to m + 1
-    m = np.ceil(np.log2(ratio) - 1e-12)
-    return base * np.exp2(np.clip(m, 0.0, math.floor(math.log2(k_base))))
+    return base * np.exp2(_nested_exponent(np.asarray(step, dtype=float) / base, k_base))
 
 
 def quantised_step(lo: Any, hi: Any, score: Any, k_base: int = 100, eta: float = 0.1) -> np.ndarray:
