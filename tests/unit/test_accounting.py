@@ -301,6 +301,13 @@ def test_one_formula_per_bound():
         for n in (None, 0, 1, 4, 1000):
             assert proto.longitudinal_bound(n) == loloha_bound(g, 2.0, k, n)
     assert loloha_bound(10, 2.0, k=3) == memo_slots_bound(2.0, 3) == 6.0  # never more than k entries
+    # the min(g, k) bound holds and is attained: devices cycling through all k = 3 values over 12 rounds fill
+    # (with g = 10, almost always) 3 distinct memo slots and are charged ε∞ for each, never more
+    rng = np.random.default_rng(5)
+    proto = LOLOHA(2.0, 1.0, 3, g=10)
+    values = np.tile(np.arange(12) % 3, (500, 1))
+    spent = proto.simulate_rounds(values, rng).spent
+    assert spent.max() == pytest.approx(proto.longitudinal_bound()) and np.all(spent <= 6.0 + 1e-12)
     for d, b in [(3, 10), (4, 4), (1, 2)]:
         proto = DBitFlipPM(1.0, k=100, b=b, d=d)
         for n in (None, 0, 2, 50):
