@@ -186,11 +186,14 @@ def _constructor_params(name: str, stream: StreamConfig, dims: tuple[DimensionCo
 
 
 def _resolved(name: str, params: dict[str, Any], mech: Any) -> dict[str, Any]:
-    """Constructor parameters with every automatic choice resolved (HaarRecord: mean mechanism and split), so the
-    coordinator rebuilds exactly the device's mechanism from the stream spec."""
+    """Constructor parameters with every automatic choice resolved (HaarRecord: mean mechanism and split; Hadamard
+    response: its design ``rows``, which fixes the output space), so the coordinator rebuilds exactly the device's
+    mechanism from the stream spec, whatever version of the automatic rule either side runs."""
     if name == "haar":
         return {"epsilon": float(mech.epsilon), "d": int(mech.d), "mean_mechanism": mech.mean_mechanism,
                 "detail_mechanism": mech.detail_mechanism, "split": float(mech.split)}
+    if name == "hr":
+        return {**params, "rows": int(mech.rows)}
     return params
 
 

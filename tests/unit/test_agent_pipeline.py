@@ -213,3 +213,19 @@ def test_agent_persists_rounding_u_across_restarts(tmp_path):
     b = Agent(cfg, IterableSource([]), secrets=Secrets(ident.signing_key, ident.hmac_secret), transport=False).open()
     assert b.pipeline.rounding_state()["cpu"]["rounder"]["u"] == u1 and b.boot == 2
     b.close()
+
+
+def test_hadamard_design_is_pinned_in_the_stream_spec(tmp_path):
+    """HR picks its design (rows, hence its output space) automatically; the device's stream spec carries the
+    choice, so the coordinator decodes with the device's design whatever version of the rule it runs."""
+    from edge_agent.plans import build_stream_plan
+    from protocols.contract import StreamSpec
+
+    cfg = _cfg(tmp_path, streams=[{"name": "big", "dimensions": ["big"], "mechanism": "hr", "epsilon": 6.0}],
+               dims=[categorical("big", 100)], privacy={"max_round_epsilon": 6.0},
+               ledger={"total_cap": 100.0})
+    plan = build_stream_plan(cfg, cfg.effective_streams()[0])
+    spec = plan.stream_spec()
+    assert spec["params"]["rows"] == plan.mechanism.rows
+    rebuilt = StreamSpec.model_validate(spec).build()
+    assert (rebuilt.rows, rebuilt.K) == (plan.mechanism.rows, plan.mechanism.K)
