@@ -86,6 +86,12 @@ def _cached(cache: dict[Any, Any], key: Any, build: Any) -> Any:
     return cache[key]
 
 
+def _cache_key(candidates: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A candidate list as a cache key: ``(1,) == (1.0,)`` in Python but the two encode to different Bloom bits
+    (:func:`encode_value`), so the key carries each candidate's type too."""
+    return candidates, tuple(map(type, candidates))
+
+
 class RapporReports(NamedTuple):
     """A batch of RAPPOR reports: each user's cohort (n,) and reported bits (n, num_bits) uint8."""
 
@@ -219,18 +225,16 @@ class RAPPOR(MemoizedProtocol):
 
         Cached per protocol instance for the last few candidate lists (building it hashes m·K values).
         """
-        cache: dict[tuple[Any, ...], np.ndarray] = self.__dict__.setdefault("_bloom_cache", {})
-        if candidates in cache:
-            return cache[candidates]
+        cache: dict[Any, np.ndarray] = self.__dict__.setdefault("_bloom_cache", {})
+        return _cached(cache, _cache_key(candidates), lambda: self._build_bloom_table(candidates))
+
+    def _build_bloom_table(self, candidates: tuple[Any, ...]) -> np.ndarray:
         table = np.zeros((self.num_cohorts, len(candidates), self.num_bits), dtype=bool)
         for j, cand in enumerate(candidates):
             vb = encode_value(cand)
             for c in range(self.num_cohorts):
                 table[c, j, bloom_indices(vb, c, self.num_bits, self.num_hashes)] = True
-        if len(cache) >= 4:
-            cache.pop(next(iter(cache)))
         table.setflags(write=False)
-        cache[candidates] = table
         return table
 
     def _default_candidates(self) -> tuple[int, ...]:
@@ -308,7 +312,7 @@ class RAPPOR(MemoizedProtocol):
     def _design(self, cands: tuple[Any, ...], present: tuple[int, ...]) -> _Design:
         """X over the ``present`` cohorts and G = XᵀX factorised (Cholesky, or eigh when rank-deficient); cached."""
         cache: dict[Any, _Design] = self.__dict__.setdefault("_design_cache", {})
-        return _cached(cache, (cands, present), lambda: self._build_design(cands, present))
+        return _cached(cache, (_cache_key(cands), present), lambda: self._build_design(cands, present))
 
     def _build_design(self, cands: tuple[Any, ...], present: tuple[int, ...]) -> _Design:
         table = self.bloom_table(cands)[list(present)]  # (m', K, bits)
@@ -340,11 +344,7 @@ class RAPPOR(MemoizedProtocol):
     def estimate_round(self, reports: RapporReports, candidates: Any = None, method: str = "lstsq") -> np.ndarray:
         """Frequencies of the candidates (default 0..domain_size-1): ``"lstsq"`` (default) unbiased least squares
         (minimum-norm when the design is rank-deficient), ``"nnls"`` non-negative and biased (module docstring)."""
-        if method not in _METHODS:
-            raise ValueError(f"method must be 'lstsq' (unbiased, the default) or 'nnls', got {method!r}")
-        cands = self._candidates(candidates)
-        t_hat, n_c = self.denoised_bit_counts(reports)
-        return self.decode_bit_counts(t_hat, n_c, cands, method)
+        return self.decode_bit_counts(*self.denoised_bit_counts(reports), candidates, method)
 
     def decode_bit_counts(
         self, t_hat: Any, n_c: Any, candidates: Any = None, method: str = "lstsq"
