@@ -57,6 +57,7 @@ from coordinator.store import Store
 from protocols import wire
 from protocols.base import confidence_interval
 from protocols.frequency.postprocess import project_simplex
+from protocols.heavy_hitters import select_prefixes
 
 __all__ = ["StreamEstimate", "estimate_stream", "estimate_round", "parse_bodies"]
 
@@ -249,19 +250,20 @@ def select_heavy_hitters(spec: HeavyHitterSpec, estimate: Any, stderr: Any, z: f
                          max_candidates: int = 16, min_frequency: float = 0.0) -> np.ndarray:
     """Indices of a heavy-hitter round's selected items (catch-all excluded), largest estimate first.
 
-    The floor is the round's ``threshold`` when set, else ``max(z·stderr, min_frequency)`` per item (significantly
-    above zero); at most ``top_k`` items when set, else ``max_candidates`` (:class:`HeavyHitterSpec`).
+    The floor is the round's ``threshold`` when set (estimates ≥ it), else strictly above ``max(z·stderr,
+    min_frequency)`` per item (significantly above zero); then the one selection rule of the protocols,
+    :func:`protocols.heavy_hitters.select_prefixes`: at most ``top_k`` items when set, and never more than
+    ``max_candidates`` (a resource limit: the next round's domain grows with every item kept).
     """
     f = np.asarray(estimate, dtype=float).reshape(-1)
     se = np.asarray(stderr, dtype=float).reshape(-1)
     if f.shape != (spec.k,) or se.shape != f.shape:
         raise ValueError(f"estimate has shape {f.shape}, the heavy-hitter round has k = {spec.k}")
     if spec.threshold is not None:
-        keep = np.flatnonzero(f[:-1] >= spec.threshold)
-    else:
-        keep = np.flatnonzero(f[:-1] > np.maximum(z * se[:-1], min_frequency))
-    keep = keep[np.argsort(-f[keep], kind="stable")]
-    return keep[: spec.top_k if spec.top_k is not None else max_candidates]
+        floor: Any = spec.threshold
+    else:  # strictly above: the smallest float over the significance floor
+        floor = np.nextafter(np.maximum(z * se[:-1], min_frequency), np.inf)
+    return select_prefixes(f[:-1], floor, spec.top_k, max_candidates)
 
 
 def _heavy_hitter_rows(spec: StreamSpec, out: StreamEstimate) -> list[dict[str, Any]]:
@@ -271,19 +273,19 @@ def _heavy_hitter_rows(spec: StreamSpec, out: StreamEstimate) -> list[dict[str, 
     width = hh.prefix_bits + hh.step_bits
     return [{"prefix": int(hh.item_prefix(int(i))), "bits": width,  # type: ignore[arg-type]
              "label": out.labels[i], "frequency": out.estimate[i]}
-            for i in select_heavy_hitters(hh, out.estimate, out.stderr)]
+            for i in select_heavy_hitters(hh, out.raw, out.stderr)]  # selected on the unbiased estimate
 
 
 def _frequency_labels(spec: StreamSpec, k: int) -> list[str]:
     """Item names: the stream's labels; for a heavy-hitter round, each candidate prefix named by
     :meth:`~protocols.contract.HeavyHitterSpec.prefix_name` (with the stream's categories when it names them)."""
-    if spec.labels is not None and len(spec.labels) == k:
-        return list(spec.labels)
     hh = spec.heavy_hitters
-    if hh is not None and hh.k == k:
+    if hh is not None and hh.k == k:  # before the labels: a heavy-hitter round's items are prefixes, not categories
         width = hh.prefix_bits + hh.step_bits
         return ["other" if p is None else hh.prefix_name(p, width, spec.labels)
                 for p in map(hh.item_prefix, range(k))]
+    if spec.labels is not None and len(spec.labels) == k:
+        return list(spec.labels)
     return [str(i) for i in range(k)]
 
 

@@ -97,8 +97,9 @@ def check_selection(threshold: Any, top_k: Any) -> tuple[float | None, int | Non
     return threshold, top_k
 
 
-def select_prefixes(estimates: Any, floor: float, top_k: int | None = None, cap: int | None = None) -> np.ndarray:
-    """Indices of the estimates that reach ``floor``, largest first, at most ``top_k`` and ``cap`` of them.
+def select_prefixes(estimates: Any, floor: Any, top_k: int | None = None, cap: int | None = None) -> np.ndarray:
+    """Indices of the estimates that reach ``floor`` (one value, or one per estimate), largest first, at most
+    ``top_k`` and ``cap`` of them.
 
     The one selection rule of both heavy-hitter protocols and the coordinator's planner (module docstring): the
     threshold is a floor, ``top_k`` keeps the k best of what passes it, ``cap`` is a resource limit.

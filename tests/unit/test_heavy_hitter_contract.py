@@ -102,3 +102,20 @@ def test_rounds_next_selection_options_set_every_heavy_hitter_stream():
     no_hh["streams"]["site"]["params"] = {"epsilon": 3.0, "k": 4}
     with pytest.raises(ValueError, match="no stream of the round has heavy_hitters"):
         _with_selection(no_hh, 0.05, None)
+
+
+def test_top_k_never_exceeds_the_candidate_cap_and_items_are_named_as_prefixes():
+    """top_k is bounded by max_candidates (the next round's domain grows with every item kept), and a heavy-hitter
+    round's items are named as prefixes even when the stream's category count happens to equal its k."""
+    from coordinator.estimate import _frequency_labels
+
+    hh = HeavyHitterSpec(bits=16, prefix_bits=0, step_bits=8, candidates=[0], threshold=0.0, top_k=1000)
+    f = np.full(hh.k, 1.0 / hh.k)
+    assert select_heavy_hitters(hh, f, np.zeros(hh.k), max_candidates=16).size == 16
+    small = HeavyHitterSpec(bits=3, prefix_bits=1, step_bits=1, candidates=[0, 1])
+    spec = StreamSpec.model_validate({"kind": "frequency", "mechanism": "oue",
+                                      "params": {"epsilon": 1.0, "k": small.k}, "dims": ["site"],
+                                      "labels": ["a", "b", "c", "d", "e"][: small.k],
+                                      "heavy_hitters": small.model_dump()})
+    names = _frequency_labels(spec, small.k)
+    assert names[-1] == "other" and names[:-1] != ["a", "b", "c", "d", "e"][: small.k - 1]
