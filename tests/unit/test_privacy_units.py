@@ -196,6 +196,8 @@ def test_categorical_ddrm_every_pair_within_its_change_bounded_charge(changes):
         for a, b in itertools.combinations(list(itertools.product(range(3), repeat=tau)), 2):
             loss = _node_loss(protocol.node_values(list(a)), protocol.node_values(list(b)), c)
             assert loss <= bound * (1 + REL) + 1e-12, (a, b)
+            # the protocol's stated pair bound is the exact loss, for every pair
+            assert protocol.transcript_epsilon_bound(list(a), list(b)) == pytest.approx(loss, rel=1e-12, abs=1e-12)
     # the charge stops growing once the change budget is covered: (2·changes + 1)·levels nodes
     assert protocol.device_epsilon(4) == pytest.approx(0.5 * min(protocol.max_nonzero, 3 * 7))
 
