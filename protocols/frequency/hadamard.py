@@ -84,6 +84,7 @@ import numpy as np
 
 from protocols.base import FrequencyOracle, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_vector, user_values
+from protocols.frequency.direct import grr_perturb
 
 __all__ = ["HadamardResponse", "choose_rows", "fwht", "hadamard_entries", "least_variance_rows", "optimal_variance",
            "output_space"]
@@ -217,11 +218,22 @@ def _times_z(c: np.ndarray, poly: int, degree: int) -> np.ndarray:
     return c ^ np.where((c >> degree) & 1 == 1, poly, 0)
 
 
+def _log2_items(k: int) -> int:
+    """⌈log2 k⌉ (at least 1): the bits of an item, the degree of the field of the m ≥ 2 designs."""
+    return max(1, math.ceil(math.log2(k)))
+
+
+def _design_pq(epsilon: float, k: int, rows: int) -> tuple[float, float]:
+    """(p, q) of construction ``rows``: direct response's GRR pair (m = 0), else p = e^ε/(e^ε+t-1), q = 1/t."""
+    if rows == 0:
+        return keep_probability(epsilon, k - 1)
+    t = 1 << rows
+    return keep_probability(epsilon, t - 1)[0], 1.0 / t
+
+
 def _design_variance(epsilon: float, k: int, rows: int) -> float:
     """Per-user variance at f = 0 of construction ``rows`` (0 = direct response, m ≥ 1: t = 2^m)."""
-    others = k - 1 if rows == 0 else (1 << rows) - 1
-    p, q_grr = keep_probability(epsilon, others)
-    q = q_grr if rows == 0 else 1.0 / (1 << rows)
+    p, q = _design_pq(epsilon, k, rows)
     return q * (1 - q) / (p - q) ** 2
 
 
@@ -235,13 +247,13 @@ def output_space(k: int, rows: int) -> int:
         return k
     if rows == 1:
         return 1 << math.ceil(math.log2(k + 1))
-    return 1 << (rows + max(1, math.ceil(math.log2(k))))
+    return 1 << (rows + _log2_items(k))
 
 
 def _admissible_rows(k: int) -> list[int]:
     """Constructions available at domain size k: 0, 1 and every m ≥ 2 with 2^m < k and m + ⌈log2 k⌉ ≤ 26."""
-    r = max(1, math.ceil(math.log2(k)))
-    return [0, 1] + [m for m in range(2, r) if (1 << m) < k and m + r <= MAX_LOG2_OUTPUTS]
+    r = _log2_items(k)  # m < r gives 2^m < k
+    return [0, 1] + [m for m in range(2, r) if m + r <= MAX_LOG2_OUTPUTS]
 
 
 def least_variance_rows(epsilon: float, k: int) -> int:
@@ -276,7 +288,7 @@ class HadamardResponse(FrequencyOracle):
     def __init__(self, epsilon: float, k: int, *, rows: int | None = None) -> None:
         self.epsilon = oracle_epsilon(epsilon)
         self.k = check_int(k, "k", minimum=2, maximum=MAX_K)
-        r = max(1, math.ceil(math.log2(self.k)))
+        r = _log2_items(self.k)
         if rows is None:
             rows = choose_rows(self.epsilon, self.k)
         rows = check_int(rows, "rows", minimum=0, maximum=MAX_LOG2_OUTPUTS)
@@ -289,11 +301,7 @@ class HadamardResponse(FrequencyOracle):
         self.t = 1 << rows if rows else self.k
         self.r = r
         self.K = output_space(self.k, rows)
-        if rows == 0:
-            self.p, self.q = keep_probability(self.epsilon, self.k - 1)
-        else:
-            self.p, _ = keep_probability(self.epsilon, self.t - 1)
-            self.q = 1.0 / self.t
+        self.p, self.q = _design_pq(self.epsilon, self.k, rows)
         self._poly = irreducible_polynomial(r) if rows >= 2 else 0
 
     def _params(self) -> dict[str, Any]:
@@ -326,8 +334,6 @@ class HadamardResponse(FrequencyOracle):
         x = user_values(values, self.k)
         n = x.shape[0]
         if self.rows == 0:
-            from protocols.frequency.direct import grr_perturb
-
             return grr_perturb(x, self.k, self.p, rng)
         if self.rows == 1:
             row = x + 1
