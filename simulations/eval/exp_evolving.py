@@ -202,8 +202,9 @@ def run(config: EvalConfig) -> Section:
             for t in range(rounds):
                 reports, _ = proto.privatize_round(values[:, t], fleet, rng)
                 if isinstance(proto, RAPPOR):
-                    est = proto.estimate_round(reports, method="lstsq")
-                    est_post = proto.estimate_round(reports, method="nnls")
+                    counts = proto.denoised_bit_counts(reports)  # once, for both decoders
+                    est = proto.decode_bit_counts(*counts, method="lstsq")
+                    est_post = proto.decode_bit_counts(*counts, method="nnls")
                 else:
                     est = proto.estimate_round(reports)
                     est_post = clip_normalise(est)
