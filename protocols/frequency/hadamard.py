@@ -61,8 +61,8 @@ m ≤ 1 fits), never worse than m = 1 unless within 1.1×.
 
 Decode memory is capped at the int64 histogram (8·K bytes, ≤ 512 MiB at K = 2^26), which the FWHT transforms in
 place, plus bounded scratch: ``FWHT_CHUNK`` = 2^16 entries per butterfly slice and, for m ≥ 2, gather index arrays
-of ``GATHER_CHUNK`` = 2^20 entries (24 MiB). Measured for 10^5 reports on this 2-core machine: K = 2^26 decodes in
-4.5 s at 0.58 GB peak RSS (the un-chunked decode took 12.8 s and 2.6 GB), K = 2^25 in 1.7 s at 0.32 GB.
+of ``GATHER_CHUNK`` = 2^20 entries (24 MiB). Decode time and peak memory are measured by ``make bench`` (section
+``frequency``), not quoted here.
 
 Sampling (vectorised over users). m = 1: draw y0 uniform on [0, K); its parity ``popcount((x+1) & y0) mod 2`` says
 whether y0 ∈ C_x; if that is not the half we want, flip the lowest set bit of x+1 — a bijection between the halves.
