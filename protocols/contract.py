@@ -444,16 +444,11 @@ def denormalise(t: Any, lo: Any, hi: Any) -> np.ndarray:
 
 
 def heavy_hitter_items(spec: HeavyHitterSpec, values: Any) -> np.ndarray:
-    """Vectorised map from values in ``[0, 2^bits)`` to this round's oracle items (see :class:`HeavyHitterSpec`)."""
+    """Vectorised map from values in ``[0, 2^bits)`` to this round's oracle items (see :class:`HeavyHitterSpec`):
+    :func:`protocols.heavy_hitters.prefix_items` of the spec's candidates, the catch-all item being ``k - 1``."""
+    from protocols.heavy_hitters import prefix_items  # here: at import, the contract needs only pydantic, numpy, wire
+
     v = np.asarray(values, dtype=np.int64)
     if v.size and (v.min() < 0 or v.max() >= (1 << spec.bits)):
         raise ValueError(f"values must lie in [0, 2^{spec.bits})")
-    prefix = v >> (spec.bits - spec.prefix_bits)
-    nxt = (v >> (spec.bits - spec.prefix_bits - spec.step_bits)) & ((1 << spec.step_bits) - 1)
-    cands = np.asarray(spec.candidates, dtype=np.int64)
-    order = np.argsort(cands)
-    sorted_c = cands[order]
-    pos = np.clip(np.searchsorted(sorted_c, prefix), 0, len(sorted_c) - 1)
-    found = sorted_c[pos] == prefix
-    idx = order[pos]
-    return np.where(found, idx * (1 << spec.step_bits) + nxt, spec.k - 1).astype(np.int64)
+    return prefix_items(v, spec.bits, spec.candidates, spec.prefix_bits, spec.step_bits)
