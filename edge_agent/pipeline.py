@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols import registry
+from protocols import catalogue
 from protocols.base import os_rng
 from protocols.contract import StreamSpec, heavy_hitter_items
 from protocols.errors import InvalidRecord, SpecMismatch
@@ -193,15 +193,10 @@ class Pipeline:
         return np.asarray([t], dtype=float) if hasattr(plan.mechanism, "d") else np.asarray(t, dtype=float)
 
     def _body_maker(self, plan: StreamPlan, x: np.ndarray) -> Callable[[], dict[str, Any]]:
+        codec = catalogue.entry(plan.mechanism_name)
+
         def make_body() -> dict[str, Any]:
-            out = plan.mechanism.privatize(x, self.rng)
-            to_wire = getattr(plan.mechanism, "to_wire", None)
-            if callable(to_wire):
-                body = to_wire(out[0] if not isinstance(out, tuple) else tuple(o[0] for o in out))
-                return body if isinstance(body, dict) else {"report": body}
-            if isinstance(out, tuple):
-                return {"report": [registry.row_to_json(o[0]) for o in out]}
-            return {"report": registry.row_to_json(np.asarray(out)[0])}
+            return {"report": codec.encode_row(plan.mechanism, np.asarray(plan.mechanism.privatize(x, self.rng))[0])}
 
         return make_body
 
@@ -229,7 +224,7 @@ class Pipeline:
 
         def make_body() -> dict[str, Any]:
             rep = pending.pop() if pending else client.report(value)
-            return {"report": registry.row_to_json(np.asarray(rep.report))}
+            return {"report": catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report)}
 
         return str(first.memo_key), make_body
 
@@ -360,7 +355,7 @@ class Pipeline:
             start = saved["start"]  # type: ignore[index]
         rep = client.report(int(record.values[plan.dimensions[0].name]))
         state = {"spec": plan.spec, "start": start, "client": client.to_state()}
-        body = {"report": registry.row_to_json(np.asarray(rep.report))}
+        body = {"report": catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report)}
 
         def committed() -> None:
             self._trees[plan.name] = state

@@ -12,7 +12,7 @@ import pytest
 from coordinator.cli import _with_selection
 from coordinator.estimate import estimate_stream, select_heavy_hitters
 from coordinator.rounds import heavy_hitters_from_estimate, plan_heavy_hitters
-from protocols import registry
+from protocols import catalogue
 from protocols.contract import HeavyHitterSpec, StreamSpec, heavy_hitter_items, parse_round_params
 from protocols.heavy_hitters import PrefixExtensionHeavyHitters, extend_prefixes
 
@@ -80,8 +80,8 @@ def test_estimate_lists_heavy_hitters_and_the_planner_carries_the_options():
     values = np.repeat(np.array([0b101101, 0b111111, 0b100000, 0b101100]), [8000, 4000, 1000, 500])
     hh = HeavyHitterSpec(bits=6, prefix_bits=0, step_bits=2, candidates=[0], top_k=2)
     spec = StreamSpec.model_validate(_stream(hh))
-    oracle = registry.build("oue", epsilon=3.0, k=hh.k)
-    est = estimate_stream(spec, registry.row_to_json(oracle.privatize(heavy_hitter_items(hh, values), rng)))
+    oracle = catalogue.build("oue", epsilon=3.0, k=hh.k)
+    est = estimate_stream(spec, catalogue.row_to_json(oracle.privatize(heavy_hitter_items(hh, values), rng)))
     assert [h["prefix"] for h in est.heavy_hitters] == [0b10, 0b11]
     assert est.heavy_hitters[0]["label"] == "10" and est.heavy_hitters[0]["bits"] == 2
     assert est.to_dict()["heavy_hitters"] == est.heavy_hitters
@@ -121,6 +121,7 @@ def test_top_k_never_exceeds_the_candidate_cap_and_items_are_named_as_prefixes()
                                       "heavy_hitters": small.model_dump()})
     names = _frequency_labels(spec, small.k)
     assert names[-1] == "other" and names[:-1] != ["a", "b", "c", "d", "e"][: small.k - 1]
+
 
 # --- one prefix encoding (issue 17 item 6) -------------------------------------------------------------------------
 # The two encodings as they were before protocols.heavy_hitters.prefix_items became their one home: the reference.

@@ -13,7 +13,7 @@ from edge_agent.embed import categorical, new_identity, numeric, simple_config
 from edge_agent.pipeline import Pipeline
 from edge_agent.sources import CallableSource
 from edge_agent.state import SCHEMA_VERSION, State
-from protocols import wire
+from protocols import catalogue, wire
 
 COORD = wire.generate_signing_key()
 SECRET = bytes(range(32))
@@ -245,7 +245,7 @@ def _coverage(spec_data, values, truth, reps, rng):
     hits, stderrs = [], []
     for _ in range(reps):
         out = mech.privatize(values, rng)
-        rows = [mech.to_wire(r)["report"] for r in out] if spec.kind == "haar" else out.tolist()
+        rows = [catalogue.entry("haar").encode_row(mech, r) for r in out] if spec.kind == "haar" else out.tolist()
         est = estimate_stream(spec, rows)
         hits.append((np.asarray(est.ci_low) <= truth) & (truth <= np.asarray(est.ci_high)))
         stderrs.append(est.stderr)
@@ -387,7 +387,7 @@ def _bodies_and_rows(name, n, rng):
     elif spec.kind == "frequency":
         rows = mech.privatize(rng.integers(0, 4, n), rng).tolist()
     elif spec.kind == "haar":
-        rows = [mech.to_wire(r)["report"] for r in mech.privatize(rng.uniform(-1, 1, (n, 3)), rng)]
+        rows = [catalogue.entry("haar").encode_row(mech, r) for r in mech.privatize(rng.uniform(-1, 1, (n, 3)), rng)]
     else:
         d = len(spec.dims)
         rows = mech.privatize(rng.uniform(-1, 1, (n, d)) if d > 1 else rng.uniform(-1, 1, n), rng).tolist()
