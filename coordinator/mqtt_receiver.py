@@ -24,7 +24,9 @@ Protocol: ``"5"`` connects with ``clean_start=False`` and a 7-day session expiry
 protocol version or closes the connection before any CONNACK. MQTT 3.1.1 is the throughput setting (paho parses
 MQTT 5 properties in Python); MQTT 5 is the default because its PUBACK reason codes tell ``coordinator rounds open``
 that the broker's ACL refused a round. Shared subscriptions ``$share/<group>/...`` let several coordinators split a
-fleet (mosquitto ≥ 1.6 grants them to MQTT 3.1.1 clients too; amqtt has none).
+fleet (mosquitto ≥ 1.6 grants them to MQTT 3.1.1 clients too; amqtt has none). The client settings and the fall-back
+rule are those of :mod:`protocols.mqtt` (the device's and the round publisher's), repeated here because the receiver
+imports nothing but paho; ``tests/unit/test_mqtt_setup.py`` checks that the copies agree.
 
 The pipe (a socketpair carrying pickled tuples, :class:`multiprocessing.connection.Connection`):
 
@@ -67,7 +69,8 @@ SESSION_EXPIRY = 7 * 24 * 3600
 MAX_BATCHES_IN_FLIGHT = 3
 #: On a draining stop, how long to wait for the coordinator to commit what was handed over.
 DRAIN_TIMEOUT = 20.0
-#: CONNACK codes meaning "unsupported protocol version" (3.1.1 return code 1, MQTT 5 reason 0x84).
+#: CONNACK codes meaning "unsupported protocol version" (3.1.1 return code 1, MQTT 5 reason 0x84):
+#: ``protocols.mqtt.UNSUPPORTED_VERSION`` (module docstring: a copy).
 _UNSUPPORTED_VERSION = {1, 0x84}
 #: ``protocol="auto"``: a TCP connection without CONNACK for this long counts as a refusal of MQTT 5 (amqtt
 #: neither answers nor closes an MQTT 5 CONNECT with properties).
@@ -105,7 +108,7 @@ class IngestSettings:
     @property
     def first_protocol(self) -> int:
         """The MQTT version the client connects with first: 3.1.1 (4) if asked for, else 5 (``"auto"`` starts
-        there)."""
+        there) — ``protocols.mqtt.first_protocol``."""
         return mqtt.MQTTv311 if self.protocol == "3.1.1" else mqtt.MQTTv5
 
     @property
@@ -126,7 +129,8 @@ class IngestSettings:
 
 
 def new_client(settings: IngestSettings, protocol: int) -> mqtt.Client:
-    """The paho client ``settings`` describe (persistent session, manual acknowledgements, TLS), not connected.
+    """The paho client ``settings`` describe (persistent session, manual acknowledgements, TLS), not connected:
+    ``protocols.mqtt.new_client(..., persistent=True, manual_ack=True)`` (module docstring: a copy).
 
     The coordinator builds one and discards it before it starts the receiver, so that a bad TLS file or option
     raises there and then rather than in the receiver process."""
@@ -218,7 +222,7 @@ class Receiver:
             elif connected_at is None:
                 connected_at = time.monotonic()
             silent = connected_at is not None and time.monotonic() - connected_at > CONNACK_TIMEOUT
-            if self._version_failures >= 2 or silent:
+            if self._version_failures >= 2 or silent:  # protocols.mqtt.should_fall_back
                 self._fall_back()
                 return
             time.sleep(0.05)
