@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from protocols.pipeline import HaarRecord, MemoizedPipeline
+from protocols.pipeline import HaarRecord
+from simulations.fleet_pipeline import MemoizedPipeline
 
 RANGES = [(0, 14), (0, 7), (3, 11), (5, 5), (12, 14), (8, 15)]
 
