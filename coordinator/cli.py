@@ -350,6 +350,24 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_aggregates(args: argparse.Namespace) -> int:
+    from coordinator.aggregates import check_aggregates
+
+    store = _store(args)
+    try:
+        checks = check_aggregates(store, args.round or None, rebuild=args.rebuild)
+    finally:
+        store.close()
+    for c in checks:
+        kept = "-" if c.stored_n is None else str(c.stored_n)
+        print(f"{c.round_id}/{c.stream}: {c.status} (aggregated n={kept}, stored reports n={c.reports_n})")
+    bad = [c for c in checks if c.status in ("differ", "stale")]
+    if bad and not args.rebuild:
+        print(f"{len(bad)} stream(s) to rebuild: haarvest coordinator aggregates --rebuild", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     store = _store(args)
     out = open(args.out, "w", newline="") if args.out else sys.stdout
@@ -496,6 +514,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="the unbiased estimates, without clipping to the bounds or projecting onto the simplex")
     es.add_argument("--json", action="store_true", help="print JSON instead of a table")
     es.set_defaults(func=cmd_estimate)
+
+    ag = sub.add_parser("aggregates", help="check the aggregates kept at ingest against the stored reports; "
+                                           "--rebuild recomputes them from the reports")
+    db(ag)
+    ag.add_argument("round", nargs="*", help="round ids (default: every round)")
+    ag.add_argument("--rebuild", action="store_true",
+                    help="replace the aggregates by those recomputed from the stored reports (writes held off)")
+    ag.set_defaults(func=cmd_aggregates)
 
     ex = sub.add_parser("export", help="export stored reports (JSON lines or CSV)")
     db(ex)

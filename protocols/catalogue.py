@@ -14,7 +14,11 @@ The front door (re-exported by :mod:`protocols`), in the manner of IBM diffprivl
     reports = mech.privatize(values, rng)          # vectorised over users: one row per user
     freq = mech.estimate(reports)                  # unbiased; mech.variance(...) is the analytic variance
 
-and on the wire a device sends ``{"report": entry(name).encode_row(row)}`` for its row, which the coordinator
+A stream's reports reduce to additive **sufficient statistics** (:class:`Statistics`, :meth:`Entry.statistics`):
+the coordinator keeps them as reports arrive and estimates from them alone (:meth:`Entry.estimate`), so the cost of
+an estimate does not grow with the fleet.
+
+On the wire a device sends ``{"report": entry(name).encode_row(row)}`` for its row, which the coordinator
 stacks back with :meth:`Entry.decode_rows`. Longitudinal protocols report through their clients
 (``mech.client(...).report(value)``) and are estimated per round (``mech.estimate_round(rows)``).
 """
@@ -30,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Family", "Role", "Entry", "CATALOGUE", "entry", "names", "build", "mechanism_class",
+__all__ = ["Family", "Role", "Entry", "Statistics", "CATALOGUE", "entry", "names", "build", "mechanism_class",
            "protocol_entry", "row_to_json", "rows_from_json"]
 
 
@@ -79,6 +83,48 @@ def _haar_row(mech: Any) -> tuple[int, ...]:
 
 def _ddrm_row(mech: Any) -> tuple[int, ...]:
     return (1 + int(mech.k),)  # the tree time t, then the k noisy node sums
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """Additive sufficient statistics of a set of report rows (:meth:`Entry.statistics`).
+
+    ``n`` rows; ``total`` = Σ over rows of each row's statistic vector v; ``squares`` = Σ v² (numeric families,
+    for the plug-in variance; empty for the counting families). Per family, v is: ``debias(row)`` for numeric,
+    vector and Haar mechanisms (the unbiased per-user value, Haar: its D coefficients); the row's support
+    indicator over ``[0, k)`` for frequency oracles (``total`` = the support counts C_v); the protocol's round
+    counts for longitudinal protocols (``round_counts``). Sums commute, so statistics of disjoint sets of rows add
+    (:meth:`__add__`) — across ingest batches and across coordinator workers.
+    """
+
+    n: int
+    total: np.ndarray
+    squares: np.ndarray
+
+    def __add__(self, other: "Statistics") -> "Statistics":
+        if self.total.shape != other.total.shape or self.squares.shape != other.squares.shape:
+            raise ValueError("statistics of different shapes do not add")
+        return Statistics(self.n + other.n, self.total + other.total, self.squares + other.squares)
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.total / self.n
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data (floats round-trip exactly through ``repr``)."""
+        return {"n": int(self.n), "total": self.total.tolist(), "squares": self.squares.tolist()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Statistics":
+        return cls(int(data["n"]), np.asarray(data["total"], dtype=float), np.asarray(data["squares"], dtype=float))
+
+    def close_to(self, other: "Statistics", rtol: float = 1e-9) -> bool:
+        """Equal up to floating-point summation order (counts exactly, sums to ``rtol`` of their magnitude)."""
+        if self.n != other.n or self.total.shape != other.total.shape or self.squares.shape != other.squares.shape:
+            return False
+        scale = max(1.0, float(np.max(np.abs(self.squares), initial=0.0)), float(np.max(np.abs(self.total), initial=0.0)))
+        return bool(np.allclose(self.total, other.total, rtol=0, atol=rtol * scale)
+                    and np.allclose(self.squares, other.squares, rtol=0, atol=rtol * scale))
 
 
 @dataclass(frozen=True)
@@ -160,6 +206,43 @@ class Entry:
         if arr.dtype.kind not in ("i", "u") + (() if self.integer else ("f",)):
             raise ValueError(f"{self.name} rows hold {'integers' if self.integer else 'numbers'}, got {arr.dtype}")
         return arr.astype(np.int64 if self.integer else float, copy=False)
+
+
+    # ------------------------------------------------------------------ sufficient statistics
+    def statistics(self, mech: Any, reports: np.ndarray) -> Statistics:
+        """The :class:`Statistics` of stacked report rows (``decode_rows`` output) of the built mechanism."""
+        n = int(np.asarray(reports).shape[0])
+        if self.family in (Family.FREQUENCY, Family.LONGITUDINAL):
+            if n == 0:
+                return Statistics(0, np.zeros(int(mech.k)), np.zeros(0))
+            if self.family is Family.FREQUENCY:
+                return Statistics(int(mech.n_reports(reports)), np.asarray(mech.support_counts(reports), dtype=float),
+                                  np.zeros(0))
+            return Statistics(n, np.asarray(mech.round_counts(reports), dtype=float), np.zeros(0))
+        width = int(np.prod(self.row_shape(mech), dtype=np.int64))
+        if n == 0:
+            return Statistics(0, np.zeros(width), np.zeros(width))
+        y = np.asarray(mech.debias(reports), dtype=float).reshape(n, width)
+        return Statistics(n, y.sum(axis=0), (y**2).sum(axis=0))
+
+    def empty_statistics(self, mech: Any) -> Statistics:
+        """The statistics of no rows."""
+        return self.statistics(mech, np.empty((0, *self.row_shape(mech)), dtype=np.int64 if self.integer else float))
+
+    def estimate(self, mech: Any, stats: Statistics) -> np.ndarray:
+        """The mechanism's unbiased estimate from statistics alone — equal to its estimate from the rows
+        (``estimate`` / ``estimate_round``): means for numeric and vector mechanisms, ``haar_inverse`` of the mean
+        coefficients for the Haar record, ``(C/n − q)/(p − q)`` or the protocol's own debiasing for counts."""
+        if stats.n <= 0:
+            raise ValueError("cannot estimate from zero reports")
+        if self.family in (Family.FREQUENCY, Family.LONGITUDINAL):
+            return np.asarray(mech.estimate_counts(stats.total, stats.n), dtype=float).reshape(-1)
+        if self.family is Family.HAAR:
+            from protocols.haar import haar_inverse
+
+            mean = stats.mean
+            return np.asarray(haar_inverse(mean[0], mean[1:], mech.d), dtype=float).reshape(-1)
+        return stats.mean
 
 
 def _entry(name: str, target: str, family: Family, roles: Iterable[Role], row: Callable[[Any], tuple[int, ...]] | None,

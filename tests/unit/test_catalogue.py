@@ -4,6 +4,7 @@ true to what the mechanism actually reports, the front door, and no second table
 from __future__ import annotations
 
 import ast
+import json
 import inspect
 import os
 from pathlib import Path
@@ -125,3 +126,25 @@ def test_no_second_table_of_mechanism_names():
                 if len(names) >= 2:
                     found.add((path.relative_to(ROOT).as_posix(), tuple(sorted(names))))
     assert found <= _NOT_NAME_TABLES, sorted(found - _NOT_NAME_TABLES)
+
+
+@pytest.mark.parametrize("name", STREAMS)
+def test_sufficient_statistics_add_and_give_the_mechanisms_own_estimate(name, rng):
+    """Statistics of disjoint parts add up to those of the whole, survive JSON, and estimate exactly what the
+    mechanism estimates from the rows."""
+    e = catalogue.entry(name)
+    mech = e.build(**_params(e))
+    rows = _rows(e, mech, 60, rng)
+    parts = e.statistics(mech, rows[:25]) + e.empty_statistics(mech) + e.statistics(mech, rows[25:])
+    whole = e.statistics(mech, rows)
+    assert parts.n == whole.n == 60 and parts.close_to(whole)
+    again = catalogue.Statistics.from_json(json.loads(json.dumps(whole.to_json())))
+    np.testing.assert_array_equal(again.total, whole.total)
+    direct = mech.estimate_round(rows) if e.family is Family.LONGITUDINAL else mech.estimate(rows)
+    np.testing.assert_allclose(e.estimate(mech, parts), np.asarray(direct, dtype=float).reshape(-1),
+                               rtol=1e-12, atol=1e-12)
+    if e.family in (Family.NUMERIC, Family.VECTOR, Family.HAAR):
+        y = np.asarray(mech.debias(rows), dtype=float).reshape(60, -1)
+        np.testing.assert_allclose(whole.squares, (y**2).sum(axis=0), rtol=1e-12)
+    with pytest.raises(ValueError, match="zero reports"):
+        e.estimate(mech, e.empty_statistics(mech))
