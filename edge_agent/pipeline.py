@@ -32,7 +32,7 @@ from protocols import catalogue
 from protocols.base import os_rng
 from protocols.contract import StreamSpec, heavy_hitter_items
 from protocols.errors import InvalidRecord, SpecMismatch
-from protocols.memo_key import memo_key
+from protocols.memo_key import canonical_value, memo_key
 
 from .config import AgentConfig
 from .plans import StreamPlan, build_stream_plan
@@ -146,7 +146,7 @@ class Pipeline:
                 if was_rounded:
                     rounded.append(d.name)
             else:
-                canon = ["x", x]
+                canon = canonical_value(x)
             values[d.name] = x
             canonical[d.name] = canon
             normalised[d.name] = min(1.0, max(-1.0, 2.0 * (x - lo) / (hi - lo) - 1.0))
@@ -171,7 +171,7 @@ class Pipeline:
                 continue
             rnd = self._rounding.get(d.name)
             if step is None or rnd is None:  # the round asks for the exact value (or the dimension never rounds)
-                y, canon[j] = x, ["x", x]
+                y, canon[j] = x, canonical_value(x)
             else:
                 y, canon[j] = rnd.round_with(x, step)
             lo, hi = float(d.lo), float(d.hi)  # type: ignore[arg-type]

@@ -67,7 +67,7 @@ class DimensionRounding:
         if plan is not None and bool(plan.volatile[0]):
             gi, y = self.rounder.round_in_bounds([x], plan.steps)  # type: ignore[union-attr]
             return float(y[0]), canonical_value(exponent=int(plan.exponents[0]), grid_index=int(gi[0])), True
-        return x, ["x", float(x)], False
+        return x, canonical_value(x), False
 
     def round_with(self, x: float, step: float) -> tuple[float, list[Any]]:
         """α-round x (clipped) with a step a round asks for, using the life-long offset u.

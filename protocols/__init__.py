@@ -15,23 +15,32 @@ users, ``estimate(reports)`` giving unbiased estimates, ``variance(...)`` the an
 (``mech.client(...).report(value)``) and are estimated per round (``mech.estimate_round(rows)``). Errors raised on
 purpose derive from :class:`protocols.errors.HaarvestError`.
 
-Classes are imported on first access, so ``import protocols`` stays light on a device.
+Everything here is imported on first access (PEP 562), so ``import protocols.mqtt`` or ``import protocols.wire``
+loads nothing else — the coordinator's MQTT receiver process stays free of numpy.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from protocols.catalogue import CATALOGUE, Family, Role, build, entry, names
-from protocols.errors import HaarvestError
-
-#: exported class name → wire name, from the catalogue (``protocols.OUE`` is ``entry("oue").cls``)
-_CLASSES: dict[str, str] = {e.target.partition(":")[2]: e.name for e in CATALOGUE}
-
-__all__ = ["build", "entry", "names", "Family", "Role", "CATALOGUE", "HaarvestError", *sorted(_CLASSES)]
+#: the front door's names → their home modules
+_HOMES = {"build": "protocols.catalogue", "entry": "protocols.catalogue", "names": "protocols.catalogue",
+          "Family": "protocols.catalogue", "Role": "protocols.catalogue", "CATALOGUE": "protocols.catalogue",
+          "HaarvestError": "protocols.errors"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CLASSES:
-        return entry(_CLASSES[name]).cls
+    """The front door, resolved on first access: catalogue functions, the error base, and every catalogued class by
+    its class name (``protocols.OUE`` is ``protocols.entry("oue").cls``); ``__all__`` lists them all."""
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    if name != "__all__" and not name[:1].isupper():  # a submodule (``from protocols import mqtt``) or a typo
+        raise AttributeError(f"module 'protocols' has no attribute {name!r}")
+    catalogue = importlib.import_module("protocols.catalogue")
+    classes = {e.target.partition(":")[2]: e for e in catalogue.CATALOGUE}
+    if name == "__all__":
+        return [*_HOMES, *sorted(classes)]
+    if name in classes:
+        return classes[name].cls
     raise AttributeError(f"module 'protocols' has no attribute {name!r}")

@@ -25,7 +25,9 @@ MEMO_KEY_PREFIX = b"haarvest-memo-v1\n"
 
 def canonical_value(value: float | None = None, *, exponent: int | None = None, grid_index: int | None = None) -> list[Any]:
     """A dimension's canonical memo-key form: ``["g", m, i]`` when rounded (step exponent m, grid index i),
-    else ``["x", value]`` (the clipped raw value) — the forms the edge agent's rounding state produces (:mod:`edge_agent.rounding_state`)."""
+    else ``["x", value]`` (the clipped raw value, ``-0.0`` as ``0.0``: one value, one key) — the one constructor of
+    the forms the edge agent (:mod:`edge_agent.rounding_state`, :mod:`edge_agent.pipeline`) and the fleet simulator
+    key on."""
     if grid_index is not None:
         if exponent is None:
             raise ValueError("a rounded value needs its step exponent")

@@ -118,8 +118,6 @@ def test_agents_and_the_fleet_simulator_agree_exactly(tmp_path, unit, history):
             agent.close()
 
 
-@pytest.mark.xfail(strict=True, reason="device deviation (issue 17 item 6): the agent keys an unrounded -0.0 as "
-                   "['x', -0.0], apart from 0.0; protocols.memo_key.canonical_value, and the simulator, map it to 0.0")
 def test_minus_zero_is_the_same_memo_key_as_zero(tmp_path):
     """SPEC §2.4: the memo key is an HMAC of the *canonical* record; -0.0 and 0.0 are one value, so a device that
     reads 0.0 then -0.0 (e.g. a sensor's round(-0.04, 1)) should be charged once, as the simulator charges it."""

@@ -1,6 +1,5 @@
 """protocols.mqtt, the one home of MQTT client setup (issue 17 item 6): protocol settings, the MQTT 5 → 3.1.1
-fall-back rule, the client factory; the device and the round publisher use it, and the receiver's paho-only copies
-agree with it."""
+fall-back rule, the client factory; the device, the round publisher and the coordinator's receiver use it."""
 
 from __future__ import annotations
 
@@ -97,9 +96,8 @@ def test_the_round_publisher_tries_the_settings_attempts_in_order(protocol, trie
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1", "auto"])
-def test_the_receivers_paho_only_copies_agree(protocol):
-    """coordinator.mqtt_receiver imports nothing but paho (tests/unit/test_mqtt_receiver.py), so it keeps copies."""
-    assert mqtt_receiver._UNSUPPORTED_VERSION == set(setup.UNSUPPORTED_VERSION)
+def test_the_receiver_builds_its_client_with_the_shared_setup(protocol):
+    """coordinator.mqtt_receiver's client is protocols.mqtt's persistent, manually acknowledging client."""
     settings = mqtt_receiver.IngestSettings(protocol=protocol, tls=True, username="u", password="p")
     assert settings.first_protocol == setup.first_protocol(protocol)
     for version in setup.attempts(protocol):
