@@ -27,7 +27,8 @@ from protocols.frequency import OLH, OUE
 
 __all__ = ["FlatOracle", "ORACLES", "check_oracle", "oracle_range_variance"]
 
-ORACLES = ("oue", "olh")
+#: The level/bucket oracles offered, by their lower-case class names (the catalogue wire names of OUE and OLH).
+ORACLES = tuple(cls.__name__.lower() for cls in (OUE, OLH))
 
 
 def check_oracle(oracle: Any) -> str:
