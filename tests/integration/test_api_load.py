@@ -49,11 +49,12 @@ print(count[0])
 
 
 def _background(coord: Coordinator, round_id: str, rng: np.random.Generator) -> None:
-    """BACKGROUND stored reports in the round's first stream (other devices): each estimate decodes them all."""
+    """BACKGROUND stored reports in the round's first stream (other devices), aggregated as ingest aggregates them
+    (the old API decoded them all for every estimate)."""
     rows = catalogue.build("hybrid", epsilon=0.1).privatize(rng.uniform(-1, 1, BACKGROUND), rng)
     coord.store.commit_batch([StoredReport(f"bg-{round_id}-{i}", i, 1, round_id, "s0", "hybrid",
                                            wire.canonical_json_text({"report": float(r)}), "x", time.time())
-                              for i, r in enumerate(rows)], {})
+                              for i, r in enumerate(rows)], {}, coord.validator.statistics)
 
 
 def _drain(coord: Coordinator, fleet: SimFleet, round_id: str, port: int, rng: np.random.Generator,
