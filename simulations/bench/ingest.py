@@ -18,6 +18,7 @@ Ratios are coordinator rate / raw mosquitto_pub rate (the issue's target is ≥ 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -48,7 +49,10 @@ def _free_port() -> int:
 
 
 class _Broker:
-    def __init__(self, workdir: Path) -> None:
+    """A mosquitto of our own on a free loopback port (persistence on); a persistent session may have
+    ``max_queued`` messages queued while its client is away."""
+
+    def __init__(self, workdir: Path, max_queued: int = 1_000_000) -> None:
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(exe).exists():
             raise RuntimeError("mosquitto is not installed")
@@ -56,7 +60,7 @@ class _Broker:
         workdir.mkdir(parents=True, exist_ok=True)
         conf = workdir / "mosquitto.conf"
         conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
-                        f"persistence_location {workdir}/\nmax_queued_messages 1000000\nmax_inflight_messages 0\n"
+                        f"persistence_location {workdir}/\nmax_queued_messages {max_queued}\nmax_inflight_messages 0\n"
                         "log_dest stderr\nlog_type error\n")
         self.proc = subprocess.Popen([exe, "-c", str(conf)], stderr=open(workdir / "log", "ab"))
         deadline = time.monotonic() + 10
@@ -94,13 +98,38 @@ def _sub_counter(port: int, n: int) -> subprocess.Popen:
 def _raw_mosquitto_pub(port: int, payloads: list[bytes], work: Path) -> float:
     lines = work / "lines.txt"
     lines.write_bytes(b"\n".join(payloads) + b"\n")
-    sub = _sub_counter(port, len(payloads))
-    t0 = time.perf_counter()
+    return _mosquitto_pub_lines(port, lines, len(payloads))
+
+
+#: Lines per ``mosquitto_pub -l`` process. mosquitto_pub 2.0.11 fed ≈ 34,500 report lines at full speed sends a
+#: corrupt packet (the broker logs "disconnected due to out of memory" and the rest is lost), so longer files go
+#: through one process per chunk, one after the other (a reconnection per chunk: milliseconds).
+PUB_CHUNK = 20_000
+
+
+def _mosquitto_pub_lines(port: int, lines: Path, n: int, timeout: float = 300) -> float:
+    """Reports/s of ``mosquitto_pub -l -q 1`` publishing the ``n`` payload lines of ``lines`` (in chunks of
+    :data:`PUB_CHUNK` lines, one process after the other) until ``mosquitto_sub -q 1 -C n`` has received them all."""
+    chunks: list[Path] = []
     with open(lines, "rb") as fh:
-        subprocess.run(["mosquitto_pub", "-p", str(port), "-t", wire.report_topic("raw"), "-q", "1", "-l"],
-                       stdin=fh, check=True)
-    sub.wait(300)
-    return len(payloads) / (time.perf_counter() - t0)
+        while block := list(itertools.islice(fh, PUB_CHUNK)):
+            chunks.append(lines.with_name(f"{lines.name}.{len(chunks)}"))
+            chunks[-1].write_bytes(b"".join(block))
+    sub = _sub_counter(port, n)
+    t0 = time.perf_counter()
+    for chunk in chunks:
+        with open(chunk, "rb") as fh:
+            subprocess.run(["mosquitto_pub", "-p", str(port), "-t", wire.report_topic("raw"), "-q", "1", "-l"],
+                           stdin=fh, check=True)
+    try:
+        sub.wait(timeout)
+    except subprocess.TimeoutExpired:
+        sub.kill()
+        raise RuntimeError(f"mosquitto_sub did not receive the {n} reports mosquitto_pub sent") from None
+    rate = n / (time.perf_counter() - t0)
+    for chunk in chunks:
+        chunk.unlink()
+    return rate
 
 
 def _paho_publisher(port: int) -> mqtt.Client:
@@ -131,14 +160,18 @@ def _raw_paho(port: int, reports: list[tuple[str, bytes]]) -> float:
     return rate
 
 
-def _start_worker(port: int, db: Path, work: Path, name: str, protocol: str, share: bool) -> subprocess.Popen:
-    """``haarvest coordinator run`` in its own process (as deployed), returned once it is subscribed."""
-    root = Path(__file__).resolve().parents[2]
+def _worker_command(port: int, db: Path, work: Path, name: str, protocol: str, share: bool) -> list[str]:
+    """The ``haarvest coordinator run`` command line of a benchmark coordinator."""
     cmd = [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--db", str(db), "--key", str(work / "key"),
            "--mqtt-port", str(port), "--client-id", f"bench-{name}", "--batch-size", "2000", "--batch-ms", "20",
            "--mqtt-protocol", protocol]
-    if share:
-        cmd += ["--share-group", "bench"]
+    return cmd + ["--share-group", "bench"] if share else cmd
+
+
+def _start_worker(port: int, db: Path, work: Path, name: str, protocol: str, share: bool) -> subprocess.Popen:
+    """``haarvest coordinator run`` in its own process (as deployed), returned once it is subscribed."""
+    root = Path(__file__).resolve().parents[2]
+    cmd = _worker_command(port, db, work, name, protocol, share)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(work / f"{name}.log", "ab"), cwd=root,
                             env=dict(os.environ, PYTHONPATH=str(root)))
     if b"ready" not in proc.stdout.readline():

@@ -1,0 +1,711 @@
+"""Fleet scale: one round of N enrolled devices through a real mosquitto into one coordinator, then its estimates.
+
+Issue 18 item 2 (a million-device round; N = 10⁶ by default, ``HAARVEST_BENCH_FLEET_N`` or ``--devices`` to change
+it; ``--quick`` / ``make bench BENCH_ARGS=--quick``: 2,000). Measured in one run, on one spawned mosquitto
+(persistence on, loopback, QoS 1):
+
+* **enrolment** — N devices with HMAC-SHA256 report keys (:mod:`protocols.wire`; an Ed25519 signature costs far more
+  to verify: the ingest section measures both) written to the store's ``devices`` table in one transaction (one
+  ``executemany``, the rows :meth:`coordinator.store.Store.upsert_device` writes);
+* **the round** — three streams: ``load`` (numeric, ``hybrid``), ``app`` (frequency, ``oue``, k = 16) and ``env``
+  (``haar``, 4 dims). Each device reports *one* stream (device i the stream i mod 3): N reports in all, not 3N. The
+  true values are drawn per device, privatized with the stream's own mechanism (vectorised, as the devices'), signed
+  with the device's key and written to a file in a random arrival order (devices report at random times);
+* **raw, mosquitto_pub** — the same payloads from that file through ``mosquitto_pub -l -q 1`` (in chunks, one
+  process after the other: :data:`simulations.bench.ingest.PUB_CHUNK`) to ``mosquitto_sub -q 1 -C N``: the broker's
+  rate with C clients at both ends, in this run;
+* **coordinator, drain** — ``haarvest coordinator run`` in its own process, as deployed: MQTT 5 by default
+  (``HAARVEST_BENCH_FLEET_MQTT=3.1.1`` for the other), the ingest section's batch settings. It registers its
+  persistent session and stops; a paho publisher process puts the N reports on their per-device topics (the broker
+  queues them: its queue limit is raised to N here — the shipped broker configuration keeps fewer); the coordinator
+  starts again and drains the queue — validate (decode, topic binding, registry, signature, round, support, replay) +
+  durable SQLite commit with the stream aggregates + PUBACK after the commit + a receipt per device. Should it exit,
+  it is restarted as the shipped systemd unit would (``Restart=always``, after its ``RestartSec``), and the exits and
+  what the coordinator said are reported. The rate is taken over the stored commit timestamps (the first batch,
+  received before the first timestamp, left out) — from the first to the last commit, and, when there were exits,
+  within the coordinator's runs; the ratio to the mosquitto_pub rate is the issue's target (≥ 50 %). Peak RSS
+  (``VmHWM``, sampled) of the coordinator's two processes and of mosquitto, and the SQLite file size after the stop;
+* **estimates** — at 10⁴, 10⁵ and 10⁶ stored reports (the first k reports of the round in arrival order, committed
+  as ingest does — :meth:`~coordinator.store.Store.commit_batch` with the validator's statistics — into a store of
+  their own; the largest size is the drained store itself), each in a *fresh process* after the coordinator has
+  stopped: :func:`coordinator.estimate.estimate_round` per stream and for the whole round, the HTTP API's
+  ``/api/estimates/<round>`` (an uncached request each time: every request asks for another confidence level), and
+  the old path — every stored body re-read and decoded, what ``estimate_round`` does for a stale stream. Target:
+  every estimate ≤ 50 ms whatever the number of stored reports.
+
+Run alone: ``python -m simulations.bench.fleet_scale [--devices N] [--quick]`` (prints the section);
+``make bench BENCH_ARGS="--only fleet_scale"`` writes it into docs/generated/bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coordinator.rounds import RoundManager
+from coordinator.store import SQLiteStore, StoredReport
+from protocols import wire
+from protocols.contract import StreamSpec, make_body, normalise
+from simulations.bench.ingest import (_Broker, _cpu_seconds, _mosquitto_pub_lines, _start_worker,
+                                      _worker_command)
+
+ROUND = "fleet"
+FULL_N = 1_000_000
+QUICK_N = 2_000
+ENV_N = "HAARVEST_BENCH_FLEET_N"
+ENV_PROTOCOL = "HAARVEST_BENCH_FLEET_MQTT"  # the coordinator's MQTT protocol: 5 (default, as deployed) or 3.1.1
+#: the round: one numeric stream, one frequency oracle over 16 items, one Haar record of 4 dimensions
+PARAMS = {"streams": {
+    "load": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 1.0}, "dims": ["load"],
+             "bounds": [[0, 100]]},
+    "app": {"kind": "frequency", "mechanism": "oue", "params": {"epsilon": 2.0, "k": 16}, "dims": ["app"]},
+    "env": {"kind": "haar", "mechanism": "haar", "params": {"epsilon": 2.0}, "dims": ["t1", "t2", "t3", "t4"],
+            "bounds": [[0, 50]] * 4},
+}}
+STREAMS = tuple(PARAMS["streams"])
+TARGET_RATIO = 0.5
+TARGET_MS = 50.0
+CHUNK = 50_000  # devices signed per vectorised privatization pass
+
+
+def device_id(i: int) -> str:
+    return f"fleet-{i:07d}"
+
+
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def _true_values(stream: str, spec: StreamSpec, m: int, rng: np.random.Generator) -> np.ndarray:
+    """``m`` devices' true values of ``stream``: load ~ 100·Beta(2, 5); app ~ Zipf(1) over 16 items; env ~ four
+    correlated readings around 10, 20, 30 and 40."""
+    if stream == "load":
+        return 100.0 * rng.beta(2.0, 5.0, m)
+    if stream == "app":
+        p = 1.0 / np.arange(1, spec.build().k + 1)
+        return rng.choice(p.size, size=m, p=p / p.sum())
+    base = rng.normal(0.0, 4.0, (m, 1))
+    return np.clip(np.array([10.0, 20.0, 30.0, 40.0]) + base + rng.normal(0.0, 3.0, (m, 4)), 0.0, 50.0)
+
+
+class Fleet:
+    """N devices' HMAC report keys (one random blob, 32 bytes each) and the truth of the round they report."""
+
+    def __init__(self, n: int, seed: int = 18) -> None:
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+        self.secrets = os.urandom(wire.MAC_KEY_BYTES * n)
+        self.specs = {s: StreamSpec.model_validate(raw) for s, raw in PARAMS["streams"].items()}
+        self.truth_sum: dict[str, np.ndarray] = {}
+        self.counts = {s: 0 for s in STREAMS}
+
+    def key(self, i: int) -> wire.MacKey:
+        return wire.MacKey(self.secrets[wire.MAC_KEY_BYTES * i:wire.MAC_KEY_BYTES * (i + 1)])
+
+    def enrol(self, db: Path) -> float:
+        """Every device into the store's devices table: one executemany, one transaction. Seconds taken."""
+        store = SQLiteStore(db)  # the schema
+        store.close()
+        t0 = time.perf_counter()
+        conn = sqlite3.connect(db)
+        now = time.time()
+        with conn:
+            conn.executemany("INSERT INTO devices (device_id, public_key, status, enrolled_at, contract) "
+                             "VALUES (?, ?, 'active', ?, NULL)",
+                             ((device_id(i), wire.registry_key(self.key(i)), now) for i in range(self.n)))
+        conn.close()
+        return time.perf_counter() - t0
+
+    def write_reports(self, round_id: str, topics_file: Path, lines_file: Path) -> tuple[float, float]:
+        """Sign every device's report (device i: stream i mod 3) in a random arrival order: ``topic\\tpayload``
+        lines to ``topics_file``, payload lines to ``lines_file``. (seconds, mean payload bytes)."""
+        t0 = time.perf_counter()
+        order = self.rng.permutation(self.n)
+        size = 0
+        with open(topics_file, "wb") as tf, open(lines_file, "wb") as lf:
+            for start in range(0, self.n, CHUNK):
+                chunk = order[start:start + CHUNK]
+                payloads: dict[int, bytes] = {}
+                for si, stream in enumerate(STREAMS):
+                    ids = chunk[chunk % len(STREAMS) == si]
+                    if not ids.size:
+                        continue
+                    spec = self.specs[stream]
+                    mech, codec = spec.build(), spec.entry
+                    x = _true_values(stream, spec, ids.size, self.rng)
+                    self._add_truth(stream, spec, x)
+                    if spec.kind == "frequency":
+                        rows = mech.privatize(x, self.rng)
+                    else:
+                        lo, hi = spec.lo_hi()
+                        t = normalise(x if x.ndim == 2 else x[:, None], lo, hi)
+                        rows = mech.privatize(t if spec.kind == "haar" else t[:, 0], self.rng)
+                    for i, row in zip(ids.tolist(), rows):
+                        did = device_id(i)
+                        topic = wire.report_topic(did)
+                        rep = wire.Report(device_id=did, boot=1, seq=1, round_id=round_id, stream=stream,
+                                          mechanism=spec.wire_mechanism, body=make_body(codec.encode_row(mech, row)))
+                        payloads[i] = wire.signed_report_bytes(rep, topic, self.key(i))
+                for i in chunk.tolist():
+                    p = payloads[i]
+                    size += len(p)
+                    tf.write(wire.report_topic(device_id(i)).encode() + b"\t" + p + b"\n")
+                    lf.write(p + b"\n")
+        return time.perf_counter() - t0, size / self.n
+
+    def _add_truth(self, stream: str, spec: StreamSpec, x: np.ndarray) -> None:
+        if spec.kind == "frequency":
+            part = np.bincount(x, minlength=spec.build().k).astype(float)
+        else:
+            part = (x if x.ndim == 2 else x[:, None]).sum(axis=0)
+        self.truth_sum[stream] = self.truth_sum.get(stream, 0) + part
+        self.counts[stream] += x.shape[0]
+
+    def truth(self, stream: str) -> np.ndarray:
+        return self.truth_sum[stream] / self.counts[stream]
+
+
+# --- the broker path ------------------------------------------------------------------------------------------------
+
+
+def _queue_reports(port: int, topics_file: Path, n: int) -> float:
+    """Publish ``topics_file``'s reports (QoS 1, per-device topics) from a paho publisher process, at most 20,000
+    unacknowledged at a time; returns once the broker has acknowledged them all. Reports/s."""
+    code = ("import sys, collections\n"
+            "from simulations.bench.ingest import _paho_publisher\n"
+            f"client = _paho_publisher({port}); window = collections.deque()\n"
+            f"for line in open({str(topics_file)!r}, 'rb'):\n"
+            "    topic, payload = line.rstrip(b'\\n').split(b'\\t', 1)\n"
+            "    window.append(client.publish(topic.decode(), payload, qos=1))\n"
+            "    if len(window) > 20000:\n"
+            "        window.popleft().wait_for_publish(300)\n"
+            "for info in window:\n"
+            "    info.wait_for_publish(300)\n"
+            "client.disconnect(); client.loop_stop()\n")
+    root = Path(__file__).resolve().parents[2]
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
+    return n / (time.perf_counter() - t0)
+
+
+def _peak_rss(pid: int) -> int:
+    """VmHWM of a live process, bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+
+
+def _accepted(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT value FROM counters WHERE name = 'accepted'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _restart_delay() -> float:
+    """``RestartSec`` of the shipped systemd unit (deploy/systemd/haarvest-coordinator.service): how long the
+    deployed coordinator stays down after it exits."""
+    unit = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "haarvest-coordinator.service"
+    found = re.search(r"^RestartSec=(\d+(?:\.\d+)?)\s*$", unit.read_text(), re.M) if unit.exists() else None
+    return float(found.group(1)) if found else 5.0
+
+
+class _Supervisor:
+    """``haarvest coordinator run`` kept running as the shipped systemd unit does (``Restart=always``, restarted
+    ``RestartSec`` after it exits), sampled for peak RSS (``VmHWM``) and CPU seconds of its processes."""
+
+    def __init__(self, cmd: list[str], log: Path, delay: float) -> None:
+        self.cmd, self.log, self.delay = cmd, log, delay
+        self.root = Path(__file__).resolve().parents[2]
+        self.proc: subprocess.Popen | None = None
+        self.exits: list[int] = []
+        self.restart_at: float | None = None
+        self.rss_main = self.rss_receiver = 0
+        self.cpu: dict[int, float] = {}  # pid → CPU seconds last seen (a process that exits keeps its last sample)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), cwd=self.root,
+                                     env=dict(os.environ, PYTHONPATH=str(self.root)))
+        self.restart_at = None
+
+    def poll(self) -> None:
+        """Sample the live processes; restart an exited coordinator once its restart delay has passed."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.exits.append(self.proc.returncode)
+            self.proc = None
+            self.restart_at = time.monotonic() + self.delay
+        if self.proc is None:
+            if self.restart_at is not None and time.monotonic() >= self.restart_at:
+                self.start()
+            return
+        try:
+            pid = self.proc.pid
+            kids = _children(pid)
+            self.rss_main = max(self.rss_main, _peak_rss(pid))
+            self.rss_receiver = max(self.rss_receiver, sum(_peak_rss(c) for c in kids))
+            for p in [pid, *kids]:
+                self.cpu[p] = _cpu_seconds_one(p)
+        except (OSError, ValueError, IndexError):  # exited while sampled
+            pass
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.poll()
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(120)
+
+    def errors(self) -> list[str]:
+        """The distinct error lines the coordinator printed (``haarvest coordinator run: …``), broker address cut."""
+        seen: list[str] = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("haarvest coordinator run:"):
+                text = line.removeprefix("haarvest coordinator run:").split(" (broker ")[0].strip()
+                if text not in seen:
+                    seen.append(text)
+        return seen
+
+
+def _cpu_seconds_one(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _commit_rates(conn: sqlite3.Connection, gap: float) -> tuple[float, float, int]:
+    """From the stored commit timestamps: (reports/s from the first to the last commit, reports/s within the
+    coordinator's runs — the time between runs, a gap longer than ``gap`` s, left out —, number of such gaps).
+    Each report's ``received_at`` is its batch's validation time, so a run's first batch arrived before its first
+    timestamp: it is left out of the count."""
+    batches = conn.execute("SELECT received_at, COUNT(*) FROM reports WHERE round_id = ? GROUP BY received_at "
+                           "ORDER BY received_at", (ROUND,)).fetchall()
+    total = sum(c for _, c in batches)
+    overall = (total - batches[0][1]) / max(batches[-1][0] - batches[0][0], 1e-9)
+    counted = span = 0.0
+    gaps = 0
+    seg_start = 0
+    for i in range(1, len(batches) + 1):
+        if i == len(batches) or batches[i][0] - batches[i - 1][0] > gap:
+            counted += sum(c for _, c in batches[seg_start + 1:i])
+            span += batches[i - 1][0] - batches[seg_start][0]
+            gaps += i < len(batches)
+            seg_start = i
+    return overall, counted / max(span, 1e-9), gaps
+
+
+def drain(port: int, work: Path, db: Path, topics_file: Path, n: int, protocol: str) -> dict[str, Any]:
+    """Register the coordinator's session, stop it, queue the fleet's reports, start it (restarted as the shipped
+    systemd unit would whenever it exits) and let it drain them."""
+    t0 = time.perf_counter()
+    coord = _start_worker(port, db, work, "fleet", protocol, share=False)
+    startup_s = time.perf_counter() - t0
+    startup_cpu = _cpu_seconds(coord.pid)
+    coord.send_signal(signal.SIGTERM)
+    coord.wait(60)
+    load_q0 = _load()
+    queue_rate = _queue_reports(port, topics_file, n)
+    load_q1 = _load()
+    time.sleep(0.5)
+    sup = _Supervisor(_worker_command(port, db, work, "fleet", protocol, share=False), work / "fleet.log",
+                      _restart_delay())
+    load_d0 = _load()
+    sup.start()
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        deadline = time.monotonic() + max(600.0, n / 200)
+        last_note = time.monotonic()
+        while (done := _accepted(conn)) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the coordinator stored only {done} of {n} reports")
+            if time.monotonic() - last_note > 30:
+                print(f"[fleet_scale] drained {done:,} of {n:,}, {len(sup.exits)} exits (load {_load()})",
+                      file=sys.stderr, flush=True)
+                last_note = time.monotonic()
+            sup.poll()
+            time.sleep(0.5)
+        load_d1 = _load()
+        sup.poll()
+        overall, within, gaps = _commit_rates(conn, gap=2.0)
+        (count,) = conn.execute("SELECT COUNT(*) FROM reports WHERE round_id = ?", (ROUND,)).fetchone()
+        counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
+    finally:
+        conn.close()
+        sup.stop()
+    if count != n or set(counters) - {"accepted", "duplicate"}:
+        raise RuntimeError(f"the drain stored {count} of {n} reports; counters {counters}")
+    runs = len(sup.exits) + 1
+    return {"rate": overall, "rate_within": within, "gaps": gaps, "exits": sup.exits, "errors": sup.errors(),
+            "restart_s": sup.delay, "duplicates": counters.get("duplicate", 0), "queue_rate": queue_rate,
+            "startup_s": startup_s, "startup_cpu": startup_cpu, "cpu_us": 1e6 * (sup.cpu_seconds - runs * startup_cpu) / n,
+            "rss_main": sup.rss_main, "rss_receiver": sup.rss_receiver,
+            "load": {"queue": (load_q0, load_q1), "drain": (load_d0, load_d1)}}
+
+
+# --- estimates ------------------------------------------------------------------------------------------------------
+
+
+def copy_first(db: Path, out: Path, k: int) -> None:
+    """The round and its first ``k`` stored reports (arrival order) into a new store at ``out``, committed as ingest
+    does: batches of 2,000 through :meth:`Store.commit_batch` with the validator's statistics as the aggregate."""
+    from coordinator.validate import Validator
+
+    src = sqlite3.connect(db)
+    config, status = src.execute("SELECT config, status FROM rounds WHERE round_id = ?", (ROUND,)).fetchone()
+    store = SQLiteStore(out)
+    store.put_round(ROUND, config, status)
+    validator = Validator(store)
+    cur = src.execute("SELECT device_id, seq, boot, round_id, stream, mechanism, body, sig, received_at FROM reports "
+                      "WHERE round_id = ? ORDER BY rowid LIMIT ?", (ROUND, k))
+    while batch := cur.fetchmany(2000):
+        store.commit_batch([StoredReport(*row) for row in batch], {}, aggregate=validator.statistics)
+    store.close()
+    src.close()
+
+
+def _ms(xs: list[float]) -> tuple[float, float]:
+    """(median, max) in milliseconds."""
+    return 1e3 * statistics.median(xs), 1e3 * max(xs)
+
+
+def measure_latency(db: str, reps: int, old_reps: int) -> dict[str, Any]:
+    """In this (fresh) process: the estimate latencies of the round stored at ``db`` (see the module docstring)."""
+    from coordinator.api import ApiServer
+    from coordinator.decode import StreamDecoder
+    from coordinator.estimate import estimate_round, estimate_stream
+    from protocols.contract import parse_round_params
+
+    store = SQLiteStore(db)
+    params = parse_round_params(wire.RoundConfig.model_validate_json(store.round(ROUND)["config"]).params)
+    t0 = time.perf_counter()
+    estimate_round(store, ROUND)  # the process's first estimate: imports and first-use set-up
+    cold = time.perf_counter() - t0
+    new: dict[str, list[float]] = {s: [] for s in params.streams}
+    whole: list[float] = []
+    estimates: dict[str, Any] = {}
+    for _ in range(reps):
+        for name in params.streams:
+            t0 = time.perf_counter()
+            est = estimate_round(store, ROUND, streams=[name])[name]
+            new[name].append(time.perf_counter() - t0)
+            estimates[name] = est.to_dict()
+        t0 = time.perf_counter()
+        estimate_round(store, ROUND)
+        whole.append(time.perf_counter() - t0)
+    old: dict[str, list[float]] = {s: [] for s in params.streams}
+    agree = 0.0
+    for _ in range(old_reps):
+        for name, spec in params.streams.items():
+            t0 = time.perf_counter()
+            decoder = StreamDecoder.for_spec(spec)  # what estimate_round does for a stale stream
+            est = estimate_stream(spec, decoder.from_bodies(store.report_bodies(ROUND, name)), ROUND, name,
+                                  decoder=decoder)
+            old[name].append(time.perf_counter() - t0)
+            agree = max(agree, float(np.max(np.abs(np.subtract(est.raw, estimates[name]["raw"])))))
+    token = "bench-token-" + "x" * 16
+    api = ApiServer(types.SimpleNamespace(store=store, key=wire.generate_signing_key(), ingest=None), tokens=[token])
+    api.start()
+    http: list[float] = []
+    try:
+        for i in range(reps + 1):  # another level each time: never served from the API's cache
+            req = urllib.request.Request(f"{api.url}/api/estimates/{ROUND}?level={0.95 - 1e-4 * (i + 1):.6f}",
+                                         headers={"Authorization": f"Bearer {token}"})
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                body = json.loads(resp.read())
+            http.append(time.perf_counter() - t0)
+            assert set(body) == set(params.streams), body
+    finally:
+        api.stop()
+    n = sum(store.report_counts(ROUND).values())
+    store.close()
+    return {"n": n, "cold": cold, "new": new, "whole": whole, "old": old, "http_cold": http[0], "http": http[1:],
+            "agree": agree, "estimates": estimates}
+
+
+def _latency_process(db: Path, reps: int, old_reps: int) -> dict[str, Any]:
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "simulations.bench.fleet_scale", "--latency", str(db),
+                          "--reps", str(reps), "--old-reps", str(old_reps)],
+                         capture_output=True, text=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
+    if out.returncode:
+        raise RuntimeError(f"the latency process failed:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def sizes_for(n: int) -> list[int]:
+    """10⁴, 10⁵ and 10⁶ stored reports, those below N, and N; a fleet below 10⁴: N/10 and N."""
+    below = [s for s in (10**4, 10**5, 10**6) if s < n]
+    return (below or [max(n // 10, 1)]) + [n]
+
+
+# --- the run --------------------------------------------------------------------------------------------------------
+
+
+def measure(n: int, protocol: str = "5", reps: int = 20, old_reps: int = 5) -> dict[str, Any]:
+    """Every measurement of the section (see the module docstring), as plain data for :func:`render`."""
+    res: dict[str, Any] = {"n": n, "protocol": protocol, "reps": reps, "old_reps": old_reps,
+                           "old_reps_full": max(2, old_reps // 2), "load_start": _load()}
+    work = Path(tempfile.mkdtemp(prefix="haarvest-bench-fleet-"))
+    broker = _Broker(work / "broker", max_queued=n + 1000)
+    try:
+        fleet = Fleet(n)
+        db = work / "fleet.db"
+        res["enrol_s"] = fleet.enrol(db)
+        store = SQLiteStore(db)
+        RoundManager(store, wire.generate_signing_key()).open_round(
+            ROUND, sum(spec.epsilon for spec in fleet.specs.values()), PARAMS)
+        store.close()
+        topics_file, lines_file = work / "reports.tsv", work / "payloads.txt"
+        res["sign_s"], res["size"] = fleet.write_reports(ROUND, topics_file, lines_file)
+        res["streams"] = {name: {"kind": spec.kind, "mechanism": spec.wire_mechanism, "epsilon": spec.epsilon,
+                                 "values": int(fleet.truth(name).size), "reports": fleet.counts[name],
+                                 "hi": None if spec.kind == "frequency" else float(spec.lo_hi()[1][0]),
+                                 "truth": fleet.truth(name).tolist()}
+                          for name, spec in fleet.specs.items()}
+        print(f"[fleet_scale] {n:,} devices enrolled in {res['enrol_s']:.1f} s, reports signed in "
+              f"{res['sign_s']:.1f} s (load {_load()})", file=sys.stderr, flush=True)
+        load0 = _load()
+        res["raw"] = _mosquitto_pub_lines(broker.port, lines_file, n, timeout=max(300.0, n / 1000))
+        res["raw_load"] = (load0, _load())
+        print(f"[fleet_scale] mosquitto_pub: {res['raw']:,.0f}/s (load {_load()})", file=sys.stderr, flush=True)
+        res["drain"] = drain(broker.port, work, db, topics_file, n, protocol)
+        print(f"[fleet_scale] drained at {res['drain']['rate']:,.0f}/s, {len(res['drain']['exits'])} exits "
+              f"(load {_load()})", file=sys.stderr, flush=True)
+        res["broker_rss"] = _peak_rss(broker.proc.pid)
+        res["db_bytes"] = sum(f.stat().st_size for f in work.glob("fleet.db*"))
+        res["latency"] = []
+        for k in sizes_for(n):
+            target = db
+            if k < n:
+                target = work / f"first-{k}.db"
+                copy_first(db, target, k)
+            load0 = _load()
+            lat = _latency_process(target, reps, old_reps if k < 10**6 else res["old_reps_full"])
+            lat["load"] = (load0, _load())
+            res["latency"].append(lat)
+            print(f"[fleet_scale] estimates at {k:,} stored reports measured (load {_load()})", file=sys.stderr,
+                  flush=True)
+    except BaseException:
+        for log in sorted(work.glob("*.log")) + [work / "broker" / "log"]:  # what the processes said, before rmtree
+            if log.exists():
+                print(f"[fleet_scale] {log.name}:\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+        raise
+    finally:
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    res["load_end"] = _load()
+    return res
+
+
+# --- the section ----------------------------------------------------------------------------------------------------
+
+
+def _f(ms: float) -> str:
+    """Milliseconds to three significant figures or so."""
+    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:,.0f}"
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:,.0f} MiB"
+
+
+def _stream_text(name: str, st: dict[str, Any]) -> str:
+    shape = f"{st['values']} items" if st["kind"] == "frequency" else \
+        f"{st['values']} dim{'s' if st['values'] > 1 else ''}"
+    return f"`{name}` ({st['kind']}, {st['mechanism']}, {shape}, ε = {st['epsilon']:g}): {st['reports']:,} reports"
+
+
+def _accuracy(res: dict[str, Any]) -> tuple[list[str], int, int]:
+    """Table rows of the largest round's estimates against the truth; (rows, values covered, values)."""
+    estimates = res["latency"][-1]["estimates"]
+    rows, covered, total = [], 0, 0
+    for name, st in res["streams"].items():
+        e = estimates[name]
+        truth = np.asarray(st["truth"], dtype=float)
+        est, lo, hi, se = (np.asarray(e[k], dtype=float) for k in ("raw", "ci_low", "ci_high", "stderr"))
+        inside = int(np.sum((truth >= lo) & (truth <= hi)))
+        covered, total = covered + inside, total + truth.size
+        err = np.abs(est - truth)
+        j = int(np.argmax(err))
+        scale = "" if st["hi"] is None else f" (range 0–{st['hi']:g})"
+        rows.append(f"| {name} | {e['mechanism']}{scale} | {e['n']:,} | {truth.size} | {err[j]:.3g} "
+                    f"({e['labels'][j]}: {est[j]:.3g} vs {truth[j]:.3g}) | {np.max(err / se):.2f} | "
+                    f"{inside} of {truth.size} |")
+    return rows, covered, total
+
+
+def _flat(per_stream: dict[str, list[float]]) -> list[float]:
+    return [x for xs in per_stream.values() for x in xs]
+
+
+def render(res: dict[str, Any]) -> str:
+    """The Markdown section: tables and conclusions computed from :func:`measure`'s numbers."""
+    n, d, raw = res["n"], res["drain"], res["raw"]
+    ratio, within = d["rate"] / raw, d["rate_within"] / raw
+    lat = res["latency"]
+    rss = d["rss_main"] + d["rss_receiver"]
+    out = [
+        "## Fleet scale: one round, one coordinator",
+        "",
+        f"{n:,} enrolled devices with HMAC-SHA256 report keys (enrolled in {res['enrol_s']:.1f} s: one "
+        "`executemany` into the devices table, one transaction), one round of three streams — "
+        + ", ".join(_stream_text(name, st) for name, st in res["streams"].items())
+        + f" — each device reporting one stream: {n:,} reports of {res['size']:.0f} bytes on average, privatized "
+        f"and signed in {res['sign_s']:.0f} s to a file, in a random arrival order. One mosquitto on loopback "
+        f"(persistence on, a queue of up to {n:,} messages per session), QoS 1; the coordinator is `haarvest "
+        f"coordinator run` over MQTT {res['protocol']} (batch ≤ 2000 / 20 ms, SQLite WAL synchronous=FULL, the "
+        "stream aggregates in the same transaction), draining the queue the broker kept for its persistent session "
+        f"while it was stopped. Load average (1 min) {res['load_start']} at the start, {res['load_end']} at the "
+        "end; 2 cores.",
+        "",
+        "| path | reports/s | vs mosquitto_pub | note |",
+        "|---|---:|---:|---|",
+        f"| raw: mosquitto_pub -l → mosquitto_sub (QoS 1), same payloads | {raw:,.0f} | 100 % | "
+        f"load {res['raw_load'][0]} → {res['raw_load'][1]} |",
+        f"| coordinator drain of {n:,} queued reports, first to last commit | {d['rate']:,.0f} | {100 * ratio:.0f} % | "
+        + (f"{len(d['exits'])} exits and restarts included; " if d["exits"] else "")
+        + f"{d['cpu_us']:.0f} µs CPU per report (both processes, start-ups left out); load "
+        f"{d['load']['drain'][0]} → {d['load']['drain'][1]} |",
+    ]
+    if d["gaps"]:
+        out.append(f"| coordinator drain, within its runs (the {d['gaps']} gaps between runs left out) | "
+                   f"{d['rate_within']:,.0f} | {100 * within:.0f} % | the drain without the exits |")
+    out += [
+        f"| (queueing them: paho publisher process → broker, coordinator stopped) | {d['queue_rate']:,.0f} | "
+        f"{100 * d['queue_rate'] / raw:.0f} % | not a target; load {d['load']['queue'][0]} → "
+        f"{d['load']['queue'][1]} |",
+        "",
+        "| memory | size | per device |",
+        "|---|---:|---:|",
+        f"| coordinator, main process (validate + commit), peak RSS | {_mib(d['rss_main'])} | "
+        f"{d['rss_main'] / n:,.0f} B |",
+        f"| coordinator, MQTT receiver process, peak RSS | {_mib(d['rss_receiver'])} | "
+        f"{d['rss_receiver'] / n:,.0f} B |",
+        f"| mosquitto, peak RSS ({n:,} reports queued at once) | {_mib(res['broker_rss'])} | "
+        f"{res['broker_rss'] / n:,.0f} B |",
+        f"| SQLite file after the stop (devices, round, reports, aggregates) | {_mib(res['db_bytes'])} | "
+        f"{res['db_bytes'] / n:,.0f} B |",
+        "",
+        f"The coordinator started in {d['startup_s']:.1f} s ({d['startup_cpu']:.1f} CPU s) with its {n:,} devices "
+        "loaded and an empty queue.",
+    ]
+    if d["exits"]:
+        out += ["", f"**The coordinator exited {len(d['exits'])} times during the drain** (exit code "
+                f"{', '.join(map(str, sorted(set(d['exits']))))}), each time restarted {d['restart_s']:g} s later "
+                f"(the shipped unit's `RestartSec`); {d['duplicates']:,} redelivered reports were already stored "
+                "(`duplicate`). It said: " + "; ".join(f"“{e}”" for e in d["errors"]) + "."]
+    out += [
+        "",
+        "Estimate latency, each size in a fresh process after the coordinator stopped: the process's first "
+        "`estimate_round` of the whole round (cold: imports and first-use set-up) and first HTTP request apart, "
+        f"then {res['reps']} repetitions of `estimate_round` per stream, of the whole round and of an uncached "
+        f"`GET /api/estimates/{ROUND}` (every stream, JSON); the old path (every body re-read, decoded and "
+        f"estimated, as for a stale stream) {res['old_reps']} times per stream below 10⁶ reports, "
+        f"{res['old_reps_full']} at 10⁶. Milliseconds, median / max.",
+        "",
+        "| stored reports | first call, cold (round / HTTP) | per stream, aggregates | whole round, aggregates | "
+        "HTTP estimate endpoint | per stream, old path (bodies) | old / new (median) | load |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in lat:
+        (nm, nx), (wm, wx), (hm, hx), (om, ox) = (_ms(_flat(r["new"])), _ms(r["whole"]), _ms(r["http"]),
+                                                  _ms(_flat(r["old"])))
+        out.append(f"| {r['n']:,} | {_f(1e3 * r['cold'])} / {_f(1e3 * r['http_cold'])} | {_f(nm)} / {_f(nx)} | "
+                   f"{_f(wm)} / {_f(wx)} | {_f(hm)} / {_f(hx)} | {_f(om)} / {_f(ox)} | {om / nm:,.0f}× | "
+                   f"{r['load'][0]} → {r['load'][1]} |")
+    acc, covered, total = _accuracy(res)
+    out += [
+        "",
+        f"The round's estimates at {lat[-1]['n']:,} reports against the devices' true values (95 % intervals):",
+        "",
+        "| stream | mechanism | reports | values | largest error (where: estimate vs truth) | largest error / "
+        "stderr | truth inside the interval |",
+        "|---|---|---:|---:|---|---:|---:|",
+        *acc,
+        "",
+        "Conclusions (computed from the tables above):",
+        "",
+        f"- Drain: {d['rate']:,.0f} reports/s is {100 * ratio:.0f} % of mosquitto_pub's {raw:,.0f}/s for the same "
+        f"payloads in this run: {'meets' if ratio >= TARGET_RATIO else 'misses'} the ≥ {100 * TARGET_RATIO:.0f} % "
+        f"target; {n:,} reports drained in {n / d['rate']:,.0f} s"
+        + (f", {len(d['exits'])} exits of the coordinator included; within its runs it drained "
+           f"{d['rate_within']:,.0f}/s ({100 * within:.0f} %, {'meeting' if within >= TARGET_RATIO else 'missing'} "
+           "the target)." if d["exits"] else "."),
+    ]
+    worst = [1e3 * max(_flat(r["new"])) for r in lat]
+    out.append("- Estimates from the aggregates: the slowest single-stream estimate took "
+               + ", ".join(f"{_f(w)} ms at {r['n']:,}" for w, r in zip(worst, lat))
+               + " stored reports (whole round: " + ", ".join(_f(1e3 * max(r["whole"])) for r in lat) + " ms): "
+               + ("meets" if all(w <= TARGET_MS for w in worst) else "misses")
+               + f" the ≤ {TARGET_MS:.0f} ms target at every size. A fresh process's first estimate pays its imports "
+               "and set-up once: " + ", ".join(f"{_f(1e3 * r['cold'])} ms" for r in lat) + ".")
+    lo, hi = lat[0], lat[-1]
+    med = [statistics.median(_flat(r["new"])) for r in (lo, hi)]
+    med_old = [statistics.median(_flat(r["old"])) for r in (lo, hi)]
+    out.append(f"- From {lo['n']:,} to {hi['n']:,} stored reports ({hi['n'] / lo['n']:,.0f}× more) the median "
+               f"estimate went from {_f(1e3 * med[0])} to {_f(1e3 * med[1])} ms with aggregates "
+               f"({med[1] / med[0]:.1f}×) and from {_f(1e3 * med_old[0])} to {_f(1e3 * med_old[1])} ms on the old "
+               f"path ({med_old[1] / med_old[0]:.0f}×); the two paths' unbiased estimates agree to "
+               f"{max(r['agree'] for r in lat):.1e} at every size.")
+    worst_http = [1e3 * max(r["http"]) for r in lat]
+    over = [r for w, r in zip(worst_http, lat) if w > TARGET_MS]
+    out.append("- The HTTP endpoint (every stream of the round, uncached) took at most "
+               + ", ".join(f"{_f(w)} ms at {r['n']:,}" for w, r in zip(worst_http, lat))
+               + (": within the target too" if not over else
+                  ": over the target at " + ", ".join(f"{r['n']:,}" for r in over))
+               + f"; its median went from {_f(1e3 * statistics.median(lo['http']))} to "
+               f"{_f(1e3 * statistics.median(hi['http']))} ms — besides the estimates it counts the round's stored "
+               "reports (`Store.report_counts`, an index range as long as the round) to key its cache.")
+    out.append(f"- Memory: the coordinator peaked at {_mib(rss)} for {n:,} devices ({rss / n:,.0f} B per device, both "
+               f"processes), mosquitto at {_mib(res['broker_rss'])} with the whole round queued; the SQLite file "
+               f"holds {res['db_bytes'] / n:,.0f} B per device and report.")
+    out.append(f"- Accuracy: {covered} of {total} true values lie inside their 95 % intervals "
+               f"({100 * covered / total:.0f} %).")
+    return "\n".join(out) + "\n"
+
+
+def run(quick: bool = False, devices: int | None = None) -> str:
+    """The section (``make bench``): N from ``devices``, else ``$HAARVEST_BENCH_FLEET_N``, else 2,000 quick / 10⁶."""
+    n = devices or int(os.environ.get(ENV_N) or (QUICK_N if quick else FULL_N))
+    reps, old_reps = (5, 2) if quick else (20, 5)
+    return render(measure(n, os.environ.get(ENV_PROTOCOL, "5"), reps, old_reps))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--devices", type=int, default=None, help=f"fleet size (default {FULL_N:,}; ${ENV_N})")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_N:,} devices")
+    parser.add_argument("--latency", metavar="DB", help=argparse.SUPPRESS)  # the fresh estimate-latency process
+    parser.add_argument("--reps", type=int, default=20, help=argparse.SUPPRESS)
+    parser.add_argument("--old-reps", type=int, default=5, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.latency:
+        print(json.dumps(measure_latency(args.latency, args.reps, args.old_reps)))
+        return 0
+    print(run(quick=args.quick, devices=args.devices))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
