@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Family", "Role", "Entry", "Statistics", "CATALOGUE", "entry", "names", "build", "mechanism_class",
-           "protocol_entry", "row_to_json", "rows_from_json"]
+           "protocol_entry", "distribution_entry", "row_to_json", "rows_from_json"]
 
 
 class Family(StrEnum):
@@ -46,6 +46,7 @@ class Family(StrEnum):
     FREQUENCY = "frequency"        # a category in [0, k) → integers (a frequency oracle)
     HAAR = "haar"                  # a record in [-1, 1]^d through the Haar transform → D reals
     LONGITUDINAL = "longitudinal"  # a category over time, memoized → integers (a longitudinal protocol)
+    DISTRIBUTION = "distribution"  # one value on a public grid of D buckets → a fixed-shape row (SPEC §3.14)
 
 
 class Role(StrEnum):
@@ -79,6 +80,18 @@ def _d_row(mech: Any) -> tuple[int, ...]:
 
 def _haar_row(mech: Any) -> tuple[int, ...]:
     return (int(mech.D),)
+
+
+def _dist_row(mech: Any) -> tuple[int, ...]:
+    """Distribution rows: flat OUE (D,) bits, flat OLH (2,) [seed, y], hierarchical (row_width,) [level, …],
+    HaarHRR (3,) [level, index, ±1], Square Wave a scalar."""
+    if hasattr(mech, "row_width"):
+        return (int(mech.row_width),)
+    if hasattr(mech, "oracle"):
+        return (int(mech.D),) if mech.oracle_name == "oue" else (2,)
+    if hasattr(mech, "inner"):
+        return (3,)
+    return ()
 
 
 def _ddrm_row(mech: Any) -> tuple[int, ...]:
@@ -146,6 +159,8 @@ class Entry:
     roles: frozenset[Role]
     row: Callable[[Any], tuple[int, ...]] | None
     summary: str
+    #: Report rows hold integers (None: by family — frequency and longitudinal ones do).
+    integer_rows: bool | None = None
 
     @cached_property
     def cls(self) -> type:
@@ -154,7 +169,9 @@ class Entry:
 
     @property
     def integer(self) -> bool:
-        """Reports are integers (frequency oracles, longitudinal protocols), else real numbers."""
+        """Reports are integers (frequency oracles, longitudinal protocols, bucketised distributions), else reals."""
+        if self.integer_rows is not None:
+            return self.integer_rows
         return self.family in (Family.FREQUENCY, Family.LONGITUDINAL)
 
     def build(self, **params: Any) -> Any:
@@ -212,6 +229,11 @@ class Entry:
     def statistics(self, mech: Any, reports: np.ndarray) -> Statistics:
         """The :class:`Statistics` of stacked report rows (``decode_rows`` output) of the built mechanism."""
         n = int(np.asarray(reports).shape[0])
+        if self.family is Family.DISTRIBUTION:
+            if n == 0:
+                return Statistics(0, np.zeros(int(mech.statistics_size)), np.zeros(0))
+            return Statistics(int(mech.n_reports(reports)), np.asarray(mech.statistics_total(reports), dtype=float),
+                              np.zeros(0))
         if self.family in (Family.FREQUENCY, Family.LONGITUDINAL):
             if n == 0:
                 return Statistics(0, np.zeros(int(mech.k)), np.zeros(0))
@@ -229,12 +251,24 @@ class Entry:
         """The statistics of no rows."""
         return self.statistics(mech, np.empty((0, *self.row_shape(mech)), dtype=np.int64 if self.integer else float))
 
+    def distribution(self, mech: Any, stats: Statistics, level: float = 0.95, edges: Any = None) -> Any:
+        """A distribution stream's :class:`~protocols.distribution.DistributionEstimate` (histogram, CDF,
+        quantiles with intervals) from its statistics alone."""
+        if self.family is not Family.DISTRIBUTION:
+            raise ValueError(f"{self.name!r} is not a distribution mechanism")
+        if stats.n <= 0:
+            raise ValueError("cannot estimate from zero reports")
+        return mech.distribution_from_statistics(stats.total, stats.n, level, edges)
+
     def estimate(self, mech: Any, stats: Statistics) -> np.ndarray:
         """The mechanism's unbiased estimate from statistics alone — equal to its estimate from the rows
         (``estimate`` / ``estimate_round``): means for numeric and vector mechanisms, ``haar_inverse`` of the mean
-        coefficients for the Haar record, ``(C/n − q)/(p − q)`` or the protocol's own debiasing for counts."""
+        coefficients for the Haar record, ``(C/n − q)/(p − q)`` or the protocol's own debiasing for counts, the
+        histogram over the D buckets for distributions (:meth:`distribution` adds the CDF and quantiles)."""
         if stats.n <= 0:
             raise ValueError("cannot estimate from zero reports")
+        if self.family is Family.DISTRIBUTION:
+            return np.asarray(mech.estimate_statistics(stats.total, stats.n), dtype=float).reshape(-1)
         if self.family in (Family.FREQUENCY, Family.LONGITUDINAL):
             return np.asarray(mech.estimate_counts(stats.total, stats.n), dtype=float).reshape(-1)
         if self.family is Family.HAAR:
@@ -246,8 +280,8 @@ class Entry:
 
 
 def _entry(name: str, target: str, family: Family, roles: Iterable[Role], row: Callable[[Any], tuple[int, ...]] | None,
-           summary: str) -> Entry:
-    return Entry(name, target, family, frozenset(roles), row, summary)
+           summary: str, integer_rows: bool | None = None) -> Entry:
+    return Entry(name, target, family, frozenset(roles), row, summary, integer_rows)
 
 
 _S, _KB, _HM, _HA, _HD, _A = Role.STREAM, Role.KSAMPLING_BASE, Role.HAAR_MEAN, Role.HAAR_MEAN_AUTO, Role.HAAR_DETAIL, Role.AUTO
@@ -276,6 +310,15 @@ CATALOGUE: tuple[Entry, ...] = (
     _entry("hr", "protocols.frequency:HadamardResponse", _F, (_S,), _scalar_row, "Hadamard response"),
     # records in [-1, 1]^d: the memoized pipeline's Haar record mechanism (SPEC §2.4)
     _entry("haar", "protocols.pipeline:HaarRecord", _H, (_S, _A), _haar_row, "Haar record: mean + details (§2.4)"),
+    # distributions of one numeric dimension on a public grid of D buckets (SPEC §3.14); params epsilon, D, …
+    _entry("distribution_flat", "protocols.distribution:FlatOracle", Family.DISTRIBUTION, (_S,), _dist_row,
+           "bucket + OUE/OLH over D buckets (§3.14)", True),
+    _entry("distribution_hierarchical", "protocols.distribution:HierarchicalIntervals", Family.DISTRIBUTION, (_S,),
+           _dist_row, "hierarchical intervals, one sampled level per user (§3.14)", True),
+    _entry("distribution_haar", "protocols.distribution:HaarDistribution", Family.DISTRIBUTION, (_S,), _dist_row,
+           "HaarHRR over D buckets (§3.14)", True),
+    _entry("distribution_square_wave", "protocols.distribution:SquareWave", Family.DISTRIBUTION, (_S,), _dist_row,
+           "Square Wave + EMS over D buckets (§3.14)", False),
     # longitudinal protocols (SPEC §3.9–3.10): streams use the first three
     _entry("lgrr", "protocols.longitudinal:LGRR", _L, (_S,), _scalar_row, "L-GRR, memoized GRR (§3.9)"),
     _entry("loloha", "protocols.longitudinal:LOLOHA", _L, (_S,), _pair_row, "LOLOHA (Arcolezi et al. 2023) (§3.10)"),
@@ -324,6 +367,15 @@ def protocol_entry(protocol_name: str) -> Entry:
             return e
     known = sorted(str(e.cls.name) for e in CATALOGUE if e.family is Family.LONGITUDINAL)
     raise ValueError(f"unknown longitudinal protocol {protocol_name!r}; known: {known}")
+
+
+def distribution_entry(mech: Any) -> Entry:
+    """The entry of a built distribution mechanism (what ``auto``'s choice is sent as: this name and
+    ``mech._params()``), ValueError otherwise."""
+    for e in CATALOGUE:
+        if e.family is Family.DISTRIBUTION and type(mech) is e.cls:
+            return e
+    raise ValueError(f"{type(mech).__name__} is not a catalogued distribution mechanism")
 
 
 def row_to_json(row: Any) -> Any:

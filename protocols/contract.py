@@ -5,7 +5,7 @@ depends only on pydantic, numpy and :mod:`protocols.wire` (see docs/coordinator.
 
 **Round parameters.** ``RoundConfig.params`` (:mod:`protocols.wire`) is a :class:`RoundParams`::
 
-    {"streams": {"<stream>": {"kind": "numeric" | "vector" | "frequency" | "haar" | "longitudinal",
+    {"streams": {"<stream>": {"kind": "numeric" | "vector" | "frequency" | "haar" | "longitudinal" | "distribution",
                               "mechanism": "<name>", "params": {...},                # StreamSpec.build() makes it
                               "dims": ["cpu", ...], "bounds": [[lo, hi], ...],       # numeric/vector/haar
                               "rounding": [step or null per dim] | null,              # α-rounding steps (units of x),
@@ -42,6 +42,14 @@ goes through the mean mechanism with ε_m = split·ε and the D-1 details throug
 ``loloha``, ``ddrm``), ``params`` the protocol's constructor arguments (``epsilon_inf``, ``epsilon_1``, ``k`` [, ``g``]);
 one categorical dimension. A report costs at most ε∞ (a new memo slot), which is what :attr:`StreamSpec.epsilon`
 counts towards the round's ε.
+
+**Distribution streams** (SPEC §3.14). ``mechanism`` is a distribution catalogue name (``distribution_flat``,
+``distribution_hierarchical``, ``distribution_haar``, ``distribution_square_wave``), ``params`` its constructor
+arguments (``epsilon``, ``D`` = the number of buckets, a power of two in [2, 2^14], and e.g. ``oracle``,
+``branching``); exactly one numeric dimension with bounds, no rounding (the public bucket grid
+:meth:`StreamSpec.grid` is the coarsening). The device clips the value to the bounds, bucketises it on the grid
+(Square Wave: scales it to [0, 1]) and reports one row of the mechanism; the coordinator estimates the histogram,
+the CDF and quantiles with intervals (:class:`protocols.distribution.DistributionEstimate`).
 
 **Privacy unit.** ``unit`` (``device``, the default, or ``value``) names what the devices' ledgers bound for this
 stream: ``device`` — everything a device released in its budget window against any other readings (fresh
@@ -87,7 +95,7 @@ BODY_KEY = "report"
 HAAR_MECHANISM = "haar"
 
 
-StreamKind = Literal["numeric", "vector", "frequency", "haar", "longitudinal"]
+StreamKind = Literal["numeric", "vector", "frequency", "haar", "longitudinal", "distribution"]
 
 
 class _Model(BaseModel):
@@ -272,7 +280,20 @@ class StreamSpec(_Model):
                 raise ValueError("a longitudinal stream has exactly one (categorical) dimension")
             if "epsilon_inf" not in self.params or "k" not in self.params:
                 raise ValueError("a longitudinal stream states epsilon_inf, epsilon_1 and k")
-        if self.kind in ("numeric", "vector", "haar"):
+        if self.kind == "distribution":
+            allowed = catalogue.names(catalogue.Role.STREAM, catalogue.Family.DISTRIBUTION)
+            if self.mechanism not in allowed:
+                raise ValueError(f"distribution mechanisms: {', '.join(allowed)}")
+            if len(self.dims) != 1:
+                raise ValueError("a distribution stream has exactly one numeric dimension")
+            D = self.params.get("D")
+            if isinstance(D, bool) or not isinstance(D, int) or not 2 <= D <= 1 << 14 or D & (D - 1):
+                raise ValueError(f"a distribution stream's params.D (buckets) is a power of two in [2, 16384], got {D!r}")
+            if self.labels is not None:
+                raise ValueError("a distribution stream has no labels (its buckets are the grid's)")
+            if self.rounding is not None:
+                raise ValueError("a distribution stream is not α-rounded (its bucket grid is the coarsening)")
+        if self.kind in ("numeric", "vector", "haar", "distribution"):
             if self.bounds is None or len(self.bounds) != len(self.dims):
                 raise ValueError("numeric streams need one [lo, hi] bound per dimension")
             for lo, hi in self.bounds:
@@ -322,6 +343,15 @@ class StreamSpec(_Model):
         haar streams, the :mod:`protocols.longitudinal` protocol for longitudinal ones). ValueError on bad
         parameters."""
         return self.entry.build(**self.params)
+
+    def grid(self) -> Any:
+        """A distribution stream's public :class:`~protocols.distribution.BucketGrid` (bounds, ``params.D``)."""
+        if self.kind != "distribution" or self.bounds is None:
+            raise ValueError("only a distribution stream has a bucket grid")
+        from protocols.distribution.grid import BucketGrid  # numpy only; keep the contract's import light
+
+        lo, hi = self.bounds[0]
+        return BucketGrid(lo, hi, int(self.params["D"]))
 
     def lo_hi(self) -> tuple[np.ndarray, np.ndarray]:
         if self.bounds is None:

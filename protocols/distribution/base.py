@@ -80,13 +80,42 @@ class DistributionMechanism(Mechanism):
     def distribution(self, reports: Any, level: float = 0.95, edges: Any = None) -> DistributionEstimate:
         """Histogram, CDF (at right bucket edges), their plug-in analytic variances and the derived quantiles
         (:class:`DistributionEstimate`). Plug-in: each variance is evaluated at the raw estimate clipped to [0, 1]."""
-        hist = np.asarray(self.estimate(reports), dtype=float)
-        cdf = np.asarray(self.prefix_estimates(reports), dtype=float)
+        return self._distribution(self.estimate(reports), self.prefix_estimates(reports), self.n_reports(reports),
+                                  level, edges)
+
+    # ------------------------------------------------------------------ sufficient statistics (catalogue)
+    @abstractmethod
+    def statistics_total(self, reports: Any) -> np.ndarray:
+        """The additive sufficient statistic of report rows (a fixed-length float vector; sums over disjoint sets
+        of rows add). ``n`` is :meth:`n_reports`."""
+
+    @property
+    def statistics_size(self) -> int:
+        """Length of :meth:`statistics_total` (default: D)."""
+        return self.D
+
+    @abstractmethod
+    def estimate_statistics(self, total: Any, n: int) -> np.ndarray:
+        """The histogram :meth:`estimate` gives, from ``statistics_total`` of the rows and their number alone."""
+
+    def prefix_from_statistics(self, total: Any, n: int) -> np.ndarray:
+        """The raw CDF :meth:`prefix_estimates` gives, from the statistics alone (default: cumulative sum)."""
+        return np.cumsum(self.estimate_statistics(total, n))
+
+    def distribution_from_statistics(self, total: Any, n: int, level: float = 0.95,
+                                     edges: Any = None) -> DistributionEstimate:
+        """:meth:`distribution` from the sufficient statistics alone (what the coordinator keeps at ingest)."""
+        return self._distribution(self.estimate_statistics(total, n), self.prefix_from_statistics(total, n), int(n),
+                                  level, edges)
+
+    def _distribution(self, hist: Any, cdf: Any, n: int, level: float, edges: Any) -> DistributionEstimate:
+        hist = np.asarray(hist, dtype=float)
+        cdf = np.asarray(cdf, dtype=float)
         hv = cv = None
         if self.analytic_variance:
             hv = np.array([self.range_variance(j, j, float(np.clip(hist[j], 0, 1))) for j in range(self.D)])
             cv = np.array([self.range_variance(0, j, float(np.clip(cdf[j], 0, 1))) for j in range(self.D)])
-        return DistributionEstimate(hist, cdf, self.n_reports(reports), self.method, self.unbiased, hv, cv, level,
+        return DistributionEstimate(hist, cdf, n, self.method, self.unbiased, hv, cv, level,
                                     None if edges is None else np.asarray(edges, dtype=float))
 
     def _params(self) -> dict[str, Any]:

@@ -80,6 +80,13 @@ class FlatOracle(DistributionMechanism):
     def n_reports(self, reports: Any) -> int:
         return self.oracle.n_reports(reports)
 
+    def statistics_total(self, reports: Any) -> np.ndarray:
+        """The oracle's support counts over the D buckets."""
+        return np.asarray(self.oracle.support_counts(reports), dtype=float)
+
+    def estimate_statistics(self, total: Any, n: int) -> np.ndarray:
+        return self.estimate_counts(total, n)
+
     def range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:
         a, b = check_range(a, b, self.D)
         return oracle_range_variance(self.p, self.q, b - a + 1, f)

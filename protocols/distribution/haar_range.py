@@ -40,6 +40,28 @@ class HaarDistribution(DistributionMechanism):
     def estimate(self, reports: Any) -> np.ndarray:
         return np.asarray(self.inner.estimate(reports), dtype=float)
 
+    def statistics_total(self, reports: Any) -> np.ndarray:
+        """Per level h = 0..L-1, the signed sums Σ y over the reports at each Hadamard index j < 2^h, concatenated
+        (D - 1 values; :meth:`HaarHRR.level_estimates` transforms these)."""
+        r = self.inner._check_reports(reports)
+        return np.concatenate([np.bincount(r[r[:, 0] == h, 1], weights=r[r[:, 0] == h, 2].astype(float),
+                                           minlength=1 << h) for h in range(self.inner.levels)])
+
+    @property
+    def statistics_size(self) -> int:
+        return self.inner.D - 1
+
+    def estimate_statistics(self, total: Any, n: int) -> np.ndarray:
+        from protocols.haar import _fwht, haar_inverse
+
+        t = np.asarray(total, dtype=float)
+        if t.shape != (self.inner.D - 1,) or n <= 0:
+            raise ValueError(f"HaarHRR statistics are {self.inner.D - 1} sums over n > 0 reports")
+        scale = self.inner.levels / (n * self.inner._gain)
+        c = np.concatenate([(2.0**h / self.inner.D) * scale * _fwht(t[(1 << h) - 1 : (2 << h) - 1])
+                            for h in range(self.inner.levels)])
+        return np.asarray(haar_inverse(1.0 / self.inner.D, c, self.inner.D)[: self.D], dtype=float)
+
     def range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:
         a, b = check_range(a, b, self.D)
         return self.inner.range_variance(a, b, f)

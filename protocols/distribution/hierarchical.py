@@ -202,6 +202,36 @@ class HierarchicalIntervals(DistributionMechanism):
     def level_estimates(self, reports: Any) -> list[np.ndarray]:
         return self.level_estimates_from_statistics(self.level_statistics(reports))
 
+    def statistics_total(self, reports: Any) -> np.ndarray:
+        """:meth:`level_statistics` flattened: per level l = 1..h, n_l then the B^l support counts."""
+        return np.concatenate([np.concatenate([[float(n_l)], counts]) for n_l, counts in self.level_statistics(reports)])
+
+    @property
+    def statistics_size(self) -> int:
+        return sum(1 + self.B**lvl for lvl in range(1, self.h + 1))
+
+    def _unflatten(self, total: Any) -> list[tuple[int, np.ndarray]]:
+        t = np.asarray(total, dtype=float)
+        width = self.statistics_size
+        if t.shape != (width,):
+            raise ValueError(f"hierarchical statistics have {width} values, got shape {t.shape}")
+        out, at = [], 0
+        for lvl in range(1, self.h + 1):
+            out.append((int(t[at]), t[at + 1 : at + 1 + self.B**lvl]))
+            at += 1 + self.B**lvl
+        return out
+
+    def _tree_from_statistics(self, total: Any) -> list[np.ndarray]:
+        levels = self.level_estimates_from_statistics(self._unflatten(total))
+        return self.consistent_levels(levels) if self.consistency else levels
+
+    def estimate_statistics(self, total: Any, n: int) -> np.ndarray:
+        return self._tree_from_statistics(total)[self.h][: self.D].copy()
+
+    def prefix_from_statistics(self, total: Any, n: int) -> np.ndarray:
+        tree = self._tree_from_statistics(total)
+        return np.array([self.range_from_tree(tree, 0, j) for j in range(self.D)])
+
     def consistent_levels(self, levels: list[np.ndarray]) -> list[np.ndarray]:
         """Hay et al.'s constrained inference (module docstring) with the exact root 1."""
         B, h = self.B, self.h

@@ -190,6 +190,17 @@ class SquareWave(DistributionMechanism):
         x, _ = ems(self.transition_matrix, counts, smoothing=self.smoothing, tol=self.tol, max_iter=self.max_iter)
         return x.reshape(self.D, -1).sum(axis=1)
 
+    def statistics_total(self, reports: Any) -> np.ndarray:
+        """The histogram of the outputs on the r output buckets (:meth:`output_counts`)."""
+        return self.output_counts(reports)
+
+    @property
+    def statistics_size(self) -> int:
+        return self.resolution
+
+    def estimate_statistics(self, total: Any, n: int) -> np.ndarray:
+        return self.estimate_counts(total)
+
     def estimate(self, reports: Any) -> np.ndarray:
         """The EMS histogram over the D buckets (a distribution; biased — see the module docstring)."""
         return self.estimate_counts(self.output_counts(reports))

@@ -25,6 +25,8 @@ def _params(e: catalogue.Entry) -> dict:
     if e.family is Family.LONGITUDINAL:
         return {"ddrm": {"epsilon_inf": 1.0, "k": 4, "horizon": 8, "changes": 1}}.get(
             e.name, {"epsilon_inf": 2.0, "epsilon_1": 1.0, "k": 4})
+    if e.family is Family.DISTRIBUTION:
+        return {"epsilon": 0.5, "D": 8}
     sig = inspect.signature(e.cls)
     p: dict = {"epsilon": 0.5}
     if "k" in sig.parameters:
@@ -43,6 +45,8 @@ def _rows(e: catalogue.Entry, mech, n: int, rng: np.random.Generator) -> np.ndar
                                     .report(int(rng.integers(4))).report) for i in range(n)])
     if e.family is Family.FREQUENCY:
         return np.asarray(mech.privatize(rng.integers(0, mech.k, n), rng))
+    if e.family is Family.DISTRIBUTION:
+        return np.asarray(mech.privatize_unit(rng.uniform(0, 1, n), rng))
     x = rng.uniform(-1, 1, (n, mech.d)) if hasattr(mech, "d") else rng.uniform(-1, 1, n)
     return np.asarray(mech.privatize(x, rng))
 
