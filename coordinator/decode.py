@@ -89,6 +89,11 @@ class StreamDecoder:
         family = self.entry.family
         if family is Family.LONGITUDINAL:
             mech.estimate_round(reports)
+        elif family is Family.DISTRIBUTION:
+            if reports.shape[0]:
+                total = np.asarray(mech.statistics_total(reports), dtype=float)
+                if mech.n_reports(reports) != reports.shape[0] or not np.all(np.isfinite(total)):
+                    raise ValueError("the distribution mechanism does not read one report per row")
         elif family is Family.FREQUENCY:
             mech.support_counts(reports)
             if mech.n_reports(reports) != reports.shape[0]:

@@ -17,6 +17,13 @@ hold older rows) are dropped and counted (``StreamEstimate.dropped``) rather tha
   privatize with (``StreamSpec.build()``): ``t̂ = HaarRecord.estimate(rows)`` (``haar_inverse(m̂, ĉ)``), its
   exact per-coordinate variance model (``HaarRecord.variance(t)``, covariances of the detail mechanism included)
   at the estimate (``plugin``) or its worst case over records (``worst``); de-normalised like numeric streams.
+* ``distribution`` (SPEC §3.14): the histogram over the stream's D buckets from the statistics
+  (:meth:`protocols.catalogue.Entry.distribution`: a :class:`protocols.distribution.DistributionEstimate`):
+  ``estimate`` the monotone-consistent histogram (``raw`` the unbiased one, Square Wave: EMS), ``ci_low``/``ci_high``
+  its pointwise normal interval where the mechanism has an analytic variance (empty for Square Wave); ``edges`` the
+  D + 1 bucket edges in the dimension's units, ``cdf`` the consistent CDF at the right edges with its monotone band
+  ``cdf_low``/``cdf_high``, and ``quantiles`` (p50, p90, p95, p99 by default) with their intervals from the
+  inverted band (``low``/``high`` null without a variance).
 * ``longitudinal`` (L-GRR, LOLOHA): ``f̂ = protocol.estimate_round(reports)`` of the round's reports (each device's
   fresh IRR of its memoized PRR), per-user variance ``protocol.variance(f)``; otherwise like ``frequency``.
 
@@ -69,6 +76,9 @@ __all__ = ["StreamEstimate", "estimate_stream", "estimate_statistics", "estimate
 
 VarianceBasis = Literal["plugin", "worst"]
 
+#: Quantile levels a distribution stream's estimate reports by default.
+DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99)
+
 
 @dataclass
 class StreamEstimate:
@@ -97,6 +107,14 @@ class StreamEstimate:
     #: heavy-hitter rounds: the selected items, largest first — ``{"prefix", "bits", "label", "frequency"}`` each
     #: (:func:`select_heavy_hitters` with the round's threshold / top_k); empty for other streams
     heavy_hitters: list[dict[str, Any]] = field(default_factory=list)
+    #: distribution streams (empty otherwise): the D + 1 bucket edges (the dimension's units), the consistent CDF
+    #: at the right edges and its band, and the quantiles ``{"q", "value", "low", "high"}`` (low/high None when the
+    #: mechanism has no analytic variance)
+    edges: list[float] = field(default_factory=list)
+    cdf: list[float] = field(default_factory=list)
+    cdf_low: list[float] = field(default_factory=list)
+    cdf_high: list[float] = field(default_factory=list)
+    quantiles: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,7 +219,8 @@ def statistics_from_bodies(spec: StreamSpec, bodies: list[str], decoder: StreamD
 
 def estimate_statistics(spec: StreamSpec, stats: Statistics, round_id: str = "", stream: str = "",
                         level: float = 0.95, variance: VarianceBasis = "plugin", consistency: bool = True,
-                        decoder: StreamDecoder | None = None, dropped: int = 0) -> StreamEstimate:
+                        decoder: StreamDecoder | None = None, dropped: int = 0,
+                        quantiles: tuple[float, ...] = DEFAULT_QUANTILES) -> StreamEstimate:
     """Estimate one stream from its sufficient statistics alone (:class:`protocols.catalogue.Statistics`, as kept
     at ingest): the same numbers :func:`estimate_stream` gives from the rows (it goes through here)."""
     if variance not in ("plugin", "worst"):
@@ -216,6 +235,9 @@ def estimate_statistics(spec: StreamSpec, stats: Statistics, round_id: str = "",
         out.error = "no valid reports" if out.dropped else "no reports"
         return out
     entry = decoder.entry
+    if spec.kind == "distribution":
+        _distribution(spec, decoder, stats, out, quantiles)
+        return out
     if spec.kind in ("numeric", "vector", "haar"):
         t_hat, var = _normalised_means(spec, decoder, stats, variance)
         lo, hi = spec.lo_hi()
@@ -243,6 +265,39 @@ def estimate_statistics(spec: StreamSpec, stats: Statistics, round_id: str = "",
     out.raw = np.asarray(raw, dtype=float).tolist()
     out.heavy_hitters = _heavy_hitter_rows(spec, out)
     return out
+
+
+def _distribution(spec: StreamSpec, decoder: StreamDecoder, stats: Statistics, out: StreamEstimate,
+                  quantiles: tuple[float, ...]) -> None:
+    """Fill a distribution stream's fields (module docstring). ``variance`` has no effect: the intervals are the
+    mechanism's plug-in analytic ones (SPEC §3.14)."""
+    grid = spec.grid()
+    dist = decoder.entry.distribution(decoder.mechanism, stats, out.level, grid.edges)
+    D = dist.D
+    edges = grid.edges
+    out.labels = [f"[{edges[j]:.6g}, {edges[j + 1]:.6g}{']' if j == D - 1 else ')'}" for j in range(D)]
+    out.units = list(spec.units or [])
+    out.raw = np.asarray(dist.histogram, dtype=float).tolist()
+    out.estimate = (dist.consistent_histogram if out.consistency else np.asarray(dist.histogram, dtype=float)).tolist()
+    interval = dist.histogram_interval()
+    if interval is not None:
+        lo, hi = interval
+        if out.consistency:
+            lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
+        out.ci_low, out.ci_high = lo.tolist(), hi.tolist()
+        out.stderr = np.sqrt(np.maximum(np.asarray(dist.histogram_variance, dtype=float), 0.0) / dist.n).tolist()
+    out.edges = np.asarray(edges, dtype=float).tolist()
+    out.cdf = np.asarray(dist.consistent_cdf, dtype=float).tolist()
+    band = dist.cdf_band()
+    if band is not None:
+        out.cdf_low, out.cdf_high = (np.asarray(b, dtype=float).tolist() for b in band)
+    if quantiles:
+        qs = np.asarray(quantiles, dtype=float)
+        values = dist.quantile(qs)
+        q_int = dist.quantile_interval(qs)
+        out.quantiles = [{"q": float(q), "value": float(values[i]),
+                          "low": None if q_int is None else float(q_int[0][i]),
+                          "high": None if q_int is None else float(q_int[1][i])} for i, q in enumerate(qs)]
 
 
 def _normalised_means(spec: StreamSpec, decoder: StreamDecoder, stats: Statistics,
