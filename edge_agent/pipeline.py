@@ -162,6 +162,10 @@ class Pipeline:
             if plan.heavy_hitters is not None:
                 canon = [["h", self._item(plan, record)]]
             return canon, []
+        if plan.distribution:  # the memo key is what the mechanism sees: the bucket (Square Wave: the value)
+            if plan.mechanism.bucketised:
+                canon = [["b", int(plan.grid().bucket([record.values[plan.dimensions[0].name]])[0])]]
+            return canon, []
         t = [record.normalised[d.name] for d in plan.dimensions]
         if plan.rounding is None:
             return canon, t
@@ -189,11 +193,19 @@ class Pipeline:
             value = self._item(plan, record) if plan.heavy_hitters is not None \
                 else record.values[plan.dimensions[0].name]
             return np.asarray([value], dtype=np.int64)
+        if plan.distribution:  # the clipped (α-rounded) value on the unit scale of the public grid
+            return plan.grid().unit([record.values[plan.dimensions[0].name]])
         # vector mechanisms (they have ``d``: k-sampling, Duchi multi-dim, HaarRecord) take one row of d values
         return np.asarray([t], dtype=float) if hasattr(plan.mechanism, "d") else np.asarray(t, dtype=float)
 
     def _body_maker(self, plan: StreamPlan, x: np.ndarray) -> Callable[[], dict[str, Any]]:
         codec = catalogue.entry(plan.mechanism_name)
+        if plan.distribution:
+            def make_distribution_body() -> dict[str, Any]:
+                row = np.asarray(plan.mechanism.privatize_unit(x, self.rng))[0]
+                return {"report": codec.encode_row(plan.mechanism, row)}
+
+            return make_distribution_body
 
         def make_body() -> dict[str, Any]:
             return {"report": codec.encode_row(plan.mechanism, np.asarray(plan.mechanism.privatize(x, self.rng))[0])}

@@ -7,6 +7,14 @@ derived from the same secret (stateless PRR, RAPPOR's pattern), a new key is cha
 or not — is a *fresh* instantaneous randomized response (ε1 per report). LOLOHA's hash seed is derived from the
 secret (``HMAC(secret, "haarvest-loloha-seed" ‖ stream)``), so it is fixed for the device's life.
 
+**Distribution streams** (SPEC §3.14): one numeric dimension with ``mechanism`` a distribution catalogue name
+(``distribution_flat``, ``distribution_hierarchical``, ``distribution_haar``, ``distribution_square_wave``) or
+``distribution_auto`` (:func:`protocols.distribution.choose_distribution_mechanism`: the least analytic variance for
+``params.query``, default ``cdf``); ``params.D`` is the number of buckets of the public grid over the dimension's
+bounds (a power of two, default 64). The clipped value is bucketised on the grid (Square Wave: scaled to [0, 1]) and
+privatized; under the value unit the memo key is the bucket (Square Wave: the value), so a memo entry is charged ε
+once per bucket; under the device unit every report is charged ε.
+
 **Mechanism policy** ``auto`` delegates to :func:`protocols.pipeline.choose_mechanism` (the one chooser of the
 project: lowest analytic variance, exact variance models): categorical → GRR / OUE / OLH; a numeric stream of d
 dimensions → HM k-sampling, Duchi multi-dim or the Haar record mechanism for the stream's query (``params = {"query":
@@ -32,7 +40,13 @@ from protocols.errors import ConfigError
 
 from .config import AgentConfig, DimensionConfig, StreamConfig
 
-__all__ = ["StreamPlan", "privacy_statement", "choose_mechanism", "build_stream_plan", "stream_specs"]
+__all__ = ["StreamPlan", "privacy_statement", "choose_mechanism", "build_stream_plan", "stream_specs",
+           "DISTRIBUTION_AUTO", "DEFAULT_BUCKETS"]
+
+#: ``StreamConfig.mechanism`` asking for ``auto`` among the distribution mechanisms.
+DISTRIBUTION_AUTO = "distribution_auto"
+#: Buckets of a distribution stream's grid when ``params.D`` is not given.
+DEFAULT_BUCKETS = 64
 
 
 
@@ -96,8 +110,22 @@ class StreamPlan:
         return catalogue.entry(self.mechanism_name).family is Family.LONGITUDINAL
 
     @property
+    def distribution(self) -> bool:
+        """A distribution stream (SPEC §3.14): one numeric value on a public bucket grid."""
+        return catalogue.entry(self.mechanism_name).family is Family.DISTRIBUTION
+
+    def grid(self) -> Any:
+        """A distribution plan's public :class:`~protocols.distribution.BucketGrid` (its dimension's bounds, D)."""
+        from protocols.distribution.grid import BucketGrid
+
+        d = self.dimensions[0]
+        return BucketGrid(float(d.lo), float(d.hi), int(self.mechanism.D))  # type: ignore[arg-type]
+
+    @property
     def spec_kind(self) -> str:
         """The coordinator's :class:`~protocols.contract.StreamSpec` kind of this plan."""
+        if self.distribution:
+            return "distribution"
         if self.longitudinal:
             return "longitudinal"
         if self.kind == "categorical":
@@ -244,6 +272,37 @@ def _change_bounded_protocol(stream: StreamConfig, dims: tuple[DimensionConfig, 
     return "ddrm", proto.params(), proto
 
 
+def _distribution_mechanism(stream: StreamConfig, dims: tuple[DimensionConfig, ...],
+                            epsilon: float) -> tuple[str, dict[str, Any], Any]:
+    """A distribution stream's mechanism (module docstring): by name, or ``distribution_auto``."""
+    if len(dims) != 1 or dims[0].kind != "numeric":
+        raise ConfigError(f"stream {stream.name!r}: a distribution stream has exactly one numeric dimension")
+    D = stream.params.get("D", DEFAULT_BUCKETS)
+    if isinstance(D, bool) or not isinstance(D, int) or not 2 <= D <= 1 << 14 or D & (D - 1):
+        raise ConfigError(f"stream {stream.name!r}: params.D (buckets) must be a power of two in [2, 16384], got {D!r}")
+    if stream.mechanism == DISTRIBUTION_AUTO:
+        from protocols.distribution import choose_distribution_mechanism
+
+        extra = set(stream.params) - {"D", "query", "length"}
+        if extra:
+            raise ConfigError(f"stream {stream.name!r}: {DISTRIBUTION_AUTO} takes only params.D, params.query and "
+                              f"params.length, got {sorted(extra)}")
+        try:
+            choice = choose_distribution_mechanism(float(epsilon), D, str(stream.params.get("query", "cdf")),
+                                                   stream.params.get("length"))
+        except ValueError as exc:
+            raise ConfigError(f"stream {stream.name!r}: {DISTRIBUTION_AUTO}: {exc}") from None
+        mech = choice.mechanism
+        return catalogue.distribution_entry(mech).name, dict(mech._params()), mech
+    name = stream.mechanism
+    params = {"epsilon": float(epsilon), **stream.params, "D": D}
+    try:
+        mech = catalogue.build(name, **params)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"stream {stream.name!r}: mechanism {name!r}: {exc}") from None
+    return name, dict(mech._params()), mech
+
+
 def choose_mechanism(
     stream: StreamConfig, dims: tuple[DimensionConfig, ...], epsilon: float
 ) -> tuple[str, dict[str, Any], Any]:
@@ -259,6 +318,8 @@ def choose_mechanism(
         return _change_bounded_protocol(stream, dims, epsilon)
     if stream.mechanism in catalogue.names(Role.STREAM, Family.LONGITUDINAL):
         raise ConfigError(f"stream {stream.name!r}: mechanism {stream.mechanism!r} needs epsilon_1 and epsilon_inf")
+    if stream.mechanism == DISTRIBUTION_AUTO or stream.mechanism in catalogue.names(Role.STREAM, Family.DISTRIBUTION):
+        return _distribution_mechanism(stream, dims, epsilon)
     if stream.mechanism != "auto":
         name = stream.mechanism
         try:

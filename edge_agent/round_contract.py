@@ -67,7 +67,8 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
         raise SpecMismatch("unit", f"stream {name!r} is accounted under the {base.unit!r} unit; the round asks for "
                                    f"{spec.unit!r}")
     expected = {"categorical": ("longitudinal",) if base.longitudinal else ("frequency",),
-                "scalar": ("numeric", "vector", "haar"), "vector": ("vector", "haar")}[base.kind]
+                "scalar": ("distribution",) if base.distribution else ("numeric", "vector", "haar"),
+                "vector": ("vector", "haar")}[base.kind]
     if spec.kind not in expected:
         raise SpecMismatch("kind", f"stream {name!r} is {base.kind}; the round asks for a {spec.kind} stream")
     dims = [d.name for d in base.dimensions]
@@ -108,11 +109,18 @@ def plan_for_spec(base: StreamPlan, spec: StreamSpec) -> StreamPlan:
         mech = spec.build()
     except (ValueError, ImportError, AttributeError, TypeError) as exc:
         raise SpecMismatch("mechanism", f"stream {name!r}: {exc}") from None
-    if spec.kind == "frequency" and not isinstance(mech, FrequencyOracle):
+    if spec.kind == "distribution":
+        from protocols.distribution import DistributionMechanism
+
+        if not isinstance(mech, DistributionMechanism):
+            raise SpecMismatch("mechanism", f"stream {name!r}: {mech_name!r} is not a distribution mechanism")
+    elif spec.kind == "frequency" and not isinstance(mech, FrequencyOracle):
         raise SpecMismatch("mechanism", f"stream {name!r} is categorical; {mech_name!r} is not a frequency oracle")
-    if base.kind != "categorical" and not isinstance(mech, NumericMechanism):
+    elif base.kind != "categorical" and not isinstance(mech, NumericMechanism):
         raise SpecMismatch("mechanism", f"stream {name!r} is numeric; {mech_name!r} is not a numeric mechanism")
-    if base.kind == "categorical":
+    if spec.kind == "distribution":
+        pass  # one value on the grid of the round's D over the device's own bounds (checked above)
+    elif base.kind == "categorical":
         k = hh.k if hh is not None else base.dimensions[0].domain_size
         if getattr(mech, "k", None) != k:
             raise SpecMismatch("shape", f"stream {name!r}: the round's k does not match the domain size ({k})")

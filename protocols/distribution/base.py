@@ -44,6 +44,8 @@ class DistributionMechanism(Mechanism):
     unbiased: bool = True
     #: ``range_variance`` has a closed form.
     analytic_variance: bool = True
+    #: The input is bucketised before the randomizer (False for Square Wave, which takes the unit value itself).
+    bucketised: bool = True
     #: Short method name used in results and by :func:`~protocols.distribution.choose.choose_distribution_mechanism`.
     method: str = ""
 

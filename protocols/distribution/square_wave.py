@@ -115,6 +115,7 @@ class SquareWave(DistributionMechanism):
 
     unbiased = False
     analytic_variance = False
+    bucketised = False
     method = "square_wave"
 
     def __init__(self, epsilon: float, D: int, *, resolution: int | None = None, smoothing: bool = True,
