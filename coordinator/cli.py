@@ -325,13 +325,36 @@ def _with_selection(base: Any, threshold: float | None, top_k: int | None) -> An
     return params.model_copy(update={"streams": streams}).model_dump(mode="json", exclude_none=True)
 
 
+def _quantile_levels(text: str) -> tuple[float, ...]:
+    try:
+        qs = tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"quantile levels are numbers separated by commas, got {text!r}") from None
+    if not qs or not all(0.0 < q < 1.0 for q in qs):
+        raise argparse.ArgumentTypeError(f"quantile levels lie in (0, 1), got {text!r}")
+    return qs
+
+
+def _print_distribution(est: Any) -> None:
+    """A distribution stream: its quantiles with intervals (the histogram and CDF are in --json)."""
+    unit = f" {est.units[0]}" if est.units and est.units[0] else ""
+    for q in est.quantiles:
+        band = "(no interval: Square Wave + EMS has no analytic variance)" if q["low"] is None \
+            else f"[{q['low']:.6g}, {q['high']:.6g}]"
+        print(f"   {'p' + format(100 * q['q'], 'g'):>16}  {q['value']:12.6g}{unit}   {band}")
+    if est.edges:
+        print(f"   histogram and CDF over {len(est.edges) - 1} buckets of [{est.edges[0]:.6g}, "
+              f"{est.edges[-1]:.6g}]{unit}: --json")
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from coordinator.estimate import estimate_round
+    from coordinator.estimate import DEFAULT_QUANTILES, estimate_round
 
     store = _store(args)
     try:
         result = estimate_round(store, args.round, level=args.level, variance=args.variance,
-                                consistency=not args.no_consistency)
+                                consistency=not args.no_consistency,
+                                quantiles=getattr(args, "quantiles", None) or DEFAULT_QUANTILES)
     finally:
         store.close()
     if args.json:
@@ -342,6 +365,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(f"== {args.round}/{name} ({est.kind}, {est.mechanism}, n={est.n}{dropped})")
         if est.error:
             print(f"   error: {est.error}")
+            continue
+        if est.kind == "distribution":
+            _print_distribution(est)
             continue
         for label, e, lo, hi in zip(est.labels, est.estimate, est.ci_low, est.ci_high):
             print(f"   {label:>16}  {e:12.6g}   [{lo:.6g}, {hi:.6g}]")
@@ -512,6 +538,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="interval variance: plugin (estimated from the reports) or worst (the worst case over inputs)")
     es.add_argument("--no-consistency", action="store_true",
                     help="the unbiased estimates, without clipping to the bounds or projecting onto the simplex")
+    es.add_argument("--quantiles", type=_quantile_levels, default=None, metavar="Q,Q,...",
+                    help="quantile levels in (0, 1) of distribution streams (default 0.5,0.9,0.95,0.99)")
     es.add_argument("--json", action="store_true", help="print JSON instead of a table")
     es.set_defaults(func=cmd_estimate)
 

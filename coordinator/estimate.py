@@ -194,7 +194,8 @@ def _frequency_variance(mech: Any, f_hat: np.ndarray, basis: VarianceBasis) -> n
 
 def estimate_stream(spec: StreamSpec, rows: list[Any] | np.ndarray | DecodedReports, round_id: str = "",
                     stream: str = "", level: float = 0.95, variance: VarianceBasis = "plugin",
-                    consistency: bool = True, decoder: StreamDecoder | None = None) -> StreamEstimate:
+                    consistency: bool = True, decoder: StreamDecoder | None = None,
+                    quantiles: tuple[float, ...] = DEFAULT_QUANTILES) -> StreamEstimate:
     """Estimate one stream from its report rows (``body["report"]`` of each stored report, a stacked array, or
     :meth:`StreamDecoder.from_bodies` output). Rows the stream's mechanism cannot have produced (wrong shape, outside
     its support) are dropped and counted in ``dropped``; ``n`` counts the rows used."""
@@ -206,7 +207,7 @@ def estimate_stream(spec: StreamSpec, rows: list[Any] | np.ndarray | DecodedRepo
     keep = decoder.valid_mask(decoded.reports)
     stats = decoder.entry.statistics(decoder.mechanism, decoded.reports[keep])
     return estimate_statistics(spec, stats, round_id, stream, level, variance, consistency, decoder=decoder,
-                               dropped=int(decoded.dropped + keep.size - stats.n))
+                               dropped=int(decoded.dropped + keep.size - stats.n), quantiles=quantiles)
 
 
 def statistics_from_bodies(spec: StreamSpec, bodies: list[str], decoder: StreamDecoder | None = None) -> Statistics:
@@ -361,8 +362,10 @@ def _frequency_labels(spec: StreamSpec, k: int) -> list[str]:
 
 
 def estimate_round(store: Store, round_id: str, level: float = 0.95, variance: VarianceBasis = "plugin",
-                   consistency: bool = True, streams: list[str] | None = None) -> dict[str, StreamEstimate]:
-    """Estimate every stream (or ``streams``) of a stored round; a stream that fails carries ``error``."""
+                   consistency: bool = True, streams: list[str] | None = None,
+                   quantiles: tuple[float, ...] = DEFAULT_QUANTILES) -> dict[str, StreamEstimate]:
+    """Estimate every stream (or ``streams``) of a stored round; a stream that fails carries ``error``;
+    ``quantiles`` are the levels distribution streams report."""
     row = store.round(round_id)
     if row is None:
         raise ValueError(f"unknown round {round_id!r}")
@@ -377,11 +380,12 @@ def estimate_round(store: Store, round_id: str, level: float = 0.95, variance: V
         try:
             decoder = StreamDecoder.for_spec(spec)
             if stats is not None:  # kept at ingest: the cost does not grow with the reports
-                out[name] = estimate_statistics(spec, stats, round_id, name, level, variance, consistency, decoder)
+                out[name] = estimate_statistics(spec, stats, round_id, name, level, variance, consistency, decoder,
+                                                quantiles=quantiles)
                 continue
             bodies = store.report_bodies(round_id, name)  # stale or never aggregated: from the reports themselves
             out[name] = estimate_stream(spec, decoder.from_bodies(bodies), round_id, name, level, variance,
-                                        consistency, decoder=decoder)
+                                        consistency, decoder=decoder, quantiles=quantiles)
         except (ValueError, TypeError, KeyError, ImportError) as exc:
             out[name] = StreamEstimate(round_id=round_id, stream=name, kind=spec.kind, mechanism=spec.wire_mechanism,
                                        n=0, level=level, variance_basis=variance, consistency=consistency,
