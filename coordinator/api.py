@@ -451,6 +451,10 @@ def stream_charts(history: list[tuple[str, dict[str, dict[str, Any]]]],
         if not series:
             continue
         kind = series[-1][1]["kind"]
+        if kind == "distribution":
+            for rid, e in (series if every_round else series[-1:]):
+                charts.append(_cdf_chart(stream, rid, e, truth.get(rid, {}).get(stream)))
+            continue
         if kind in ("frequency", "longitudinal"):
             for rid, e in (series if every_round else series[-1:]):
                 t = truth.get(rid, {}).get(stream)
@@ -472,6 +476,21 @@ def stream_charts(history: list[tuple[str, dict[str, dict[str, Any]]]],
                 tv if any(v is not None for v in tv) else None,
                 ylabel=f"mean {dim}" + (f" ({unit})" if unit else ""), level=float(pts[-1][1].get("level", 0.95))))
     return charts
+
+
+def _cdf_chart(stream: str, rid: str, e: dict[str, Any], truth: list[float] | None) -> str:
+    """A distribution stream's consistent CDF at the right bucket edges with its monotone band (the CDF itself where
+    the mechanism has no analytic variance); ``truth`` (optional) the true CDF at the same edges."""
+    cdf = [float(v) for v in e["cdf"]]
+    lo = [float(v) for v in e.get("cdf_low") or cdf]
+    hi = [float(v) for v in e.get("cdf_high") or cdf]
+    units = e.get("units") or []
+    unit = f" ({units[0]})" if units and units[0] else ""
+    qs = ", ".join(f"p{100 * q['q']:g} = {q['value']:.4g}" for q in e.get("quantiles") or [])
+    return svg_band_chart(f"{stream} — CDF, {rid} (n={e['n']}, {e['mechanism']}){': ' + qs if qs else ''}",
+                          [f"{x:.4g}" for x in e["edges"][1:]], cdf, lo, hi,
+                          list(truth) if truth is not None and len(truth) == len(cdf) else None,
+                          ylabel=f"fraction ≤ value{unit}", level=float(e.get("level", 0.95)))
 
 
 _STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222} table{border-collapse:collapse}

@@ -94,6 +94,11 @@ class FleetCollector(Collector):
         families = {k: GaugeMetricFamily(f"haarvest_estimate{'' if k == 'estimate' else '_' + k}", text,
                                          labels=["stream", "label", "round"]) for k, text in names.items()}
         level = GaugeMetricFamily("haarvest_estimate_level", "confidence level of the intervals", labels=["stream"])
+        qnames = {"value": "the latest round's quantile estimate of each distribution stream",
+                  "low": "lower bound of the quantile's interval (distribution streams with an analytic variance)",
+                  "high": "upper bound of the quantile's interval (distribution streams with an analytic variance)"}
+        quantiles = {k: GaugeMetricFamily(f"haarvest_estimate_quantile{'' if k == 'value' else '_' + k}", text,
+                                          labels=["stream", "q", "round"]) for k, text in qnames.items()}
         by_round: dict[str, dict[str, Any]] = {}
         for stream, rid in sorted(latest.items()):
             if rid not in by_round:
@@ -103,9 +108,15 @@ class FleetCollector(Collector):
                 continue
             for i, label in enumerate(est["labels"]):
                 for key, fam in families.items():
-                    fam.add_metric([stream, str(label), rid], float(est[key][i]))
+                    if i < len(est[key]):  # Square Wave distributions have no histogram interval
+                        fam.add_metric([stream, str(label), rid], float(est[key][i]))
+            for q in est.get("quantiles") or []:
+                for key, fam in quantiles.items():
+                    if q.get(key) is not None:
+                        fam.add_metric([stream, format(float(q["q"]), "g"), rid], float(q[key]))
             level.add_metric([stream], float(est["level"]))
         yield from families.values()
+        yield from quantiles.values()
         yield level
 
 
