@@ -1,4 +1,5 @@
-"""Estimation from signed, validated, stored reports of a simulated fleet (real mechanisms); the round planners."""
+"""Estimation from signed, validated, stored reports of a simulated fleet (real mechanisms). The round planners:
+test_rounds.py."""
 
 from __future__ import annotations
 
@@ -6,16 +7,15 @@ import numpy as np
 import pytest
 
 from coordinator.estimate import estimate_round, estimate_stream
-from coordinator.rounds import RoundManager, plan_heavy_hitters, plan_rounding_steps
+from coordinator.rounds import RoundManager
 from protocols.frequency.postprocess import project_simplex as project_to_simplex
-from protocols.rounding import quantise_step
-from protocols.contract import (HeavyHitterSpec, StreamSpec, denormalise, heavy_hitter_items, make_body,
-                                 normalise)
+from protocols.contract import StreamSpec, denormalise, make_body, normalise
 from coordinator.simfleet import SimFleet
 from coordinator.store import SQLiteStore
 from coordinator.validate import Validator
 from protocols import registry, wire
 from protocols.haar import haar_forward, padded_size
+from tests.coordinator.support_rows import BAD_ROWS, GOOD_ROWS, SUPPORT_STREAMS
 
 N_DEV = 400
 LEVEL = 0.999  # z = 3.29 per coordinate: 16 coordinates all inside by chance with probability ≈ 0.984 (fixed seed)
@@ -114,52 +114,86 @@ def test_project_to_simplex():
     assert np.allclose(denormalise(normalise([0.0, 50.0, 100.0, 200.0], 0, 100), 0, 100), [0, 50, 100, 100])
 
 
-def test_rounding_planner():
-    lo, hi = np.array([0.0, 0.0]), np.array([100.0, 10.0])
-    assert np.allclose(plan_rounding_steps([], [], lo, hi), [1.0, 0.1])  # no history: finest grid
-    steady = plan_rounding_steps([[50, 5], [50.2, 5.0], [49.9, 5.0]], [[0.5, 0.05]] * 3, lo, hi)
-    assert np.allclose(steady, [1.0, 0.1])  # changes within noise are not volatility
-    moving = plan_rounding_steps([[20, 5], [40, 5], [60, 5]], [[0.5, 0.05]] * 3, lo, hi)
-    # score ≈ (20 - 0.71)/100 = 0.193; step = 100·0.193/0.1 = 19.3 → capped at 25 → quantised up to 1·2^5 = 32 > cap?
-    assert moving[0] in (16.0, 32.0) and moving[1] == pytest.approx(0.1)
-    q = quantise_step([1.5, 3.0, 0.01], 0, 100)
-    assert np.allclose(q, [2.0, 4.0, 1.0])
+# Calibrated intervals: the variance uses the population mean of t², not the squared mean
 
 
-def test_heavy_hitters_over_rounds():
-    rng = np.random.default_rng(99)
-    n, bits = 4000, 8
-    heavy = np.array([0b10110001, 0b00011110, 0b11100101])
-    values = np.where(rng.random(n) < 0.75, rng.choice(heavy, n), rng.integers(0, 256, n))
-    spec = HeavyHitterSpec(bits=bits, prefix_bits=0, step_bits=2, candidates=[0])
-    history = []
-    for _ in range(4):
-        items = heavy_hitter_items(spec, values)
-        oracle = registry.build("oue", epsilon=3.0, k=spec.k)
-        stream = StreamSpec(kind="frequency", mechanism="oue", params={"epsilon": 3.0, "k": spec.k}, dims=["v"],
-                            heavy_hitters=spec)
-        est = estimate_stream(stream, registry.row_to_json(oracle.privatize(items, rng)))
-        history.append(est)
-        nxt = plan_heavy_hitters(spec, est, z=4.0, max_candidates=6)
-        if nxt is None:
-            break
-        spec = nxt
-    final = history[-1]
-    assert final.labels[-1] == "other" and len(final.labels[0]) == bits
-    top = sorted(range(len(final.raw) - 1), key=lambda i: -final.raw[i])[:3]
-    found = {int(final.labels[i], 2) for i in top}
-    assert found == set(heavy.tolist())
+def _coverage(spec_data, values, truth, reps, rng):
+    from coordinator.estimate import estimate_stream
+    from protocols.contract import StreamSpec
+
+    spec = StreamSpec.model_validate(spec_data)
+    mech = spec.build()
+    hits, stderrs = [], []
+    for _ in range(reps):
+        out = mech.privatize(values, rng)
+        rows = [mech.to_wire(r)["report"] for r in out] if spec.kind == "haar" else out.tolist()
+        est = estimate_stream(spec, rows)
+        hits.append((np.asarray(est.ci_low) <= truth) & (truth <= np.asarray(est.ci_high)))
+        stderrs.append(est.stderr)
+    return np.mean(hits, axis=0), np.mean(stderrs, axis=0), mech
 
 
-def test_open_next_round_records_dependencies(tmp_path):
-    store = SQLiteStore(tmp_path / "p.db")
-    manager = RoundManager(store, wire.generate_signing_key())
-    base = {"streams": {"cpu": PARAMS["streams"]["cpu"]}}
-    manager.open_round("r1", 2.0, base)
-    manager.open_round("r2", 2.0, base)
-    history = [(rid, {"cpu": est}) for rid, est in
-               [(r, estimate_round(store, r)["cpu"]) for r in ("r1", "r2")]]
-    cfg = manager.open_next_round("r3", 2.0, base, history)
-    assert cfg.depends_on == ["r1", "r2"]
-    assert cfg.params["streams"]["cpu"]["rounding"] == [1.0]  # no usable estimates yet: finest step
-    wire.verify_round(cfg, manager.key.public_key())
+def test_plugin_interval_coverage_for_piecewise_at_eps_4_with_split_population():
+    rng = np.random.default_rng(20260414)
+    n, reps = 2000, 400
+    t = np.where(np.arange(n) % 2 == 0, -1.0, 1.0)  # mean 0, but every user's t² is 1
+    spec = {"kind": "numeric", "mechanism": "piecewise", "params": {"epsilon": 4.0}, "dims": ["x"],
+            "bounds": [[-1, 1]]}
+    coverage, stderr, mech = _coverage(spec, t, 0.0, reps, rng)
+    assert coverage[0] >= 0.92  # nominal 0.95; the squared-mean plug-in covered 0.77
+    true_se = np.sqrt(mech.variance(1.0) / n)
+    assert stderr[0] == pytest.approx(true_se, rel=0.03)
+
+
+def test_plugin_interval_coverage_for_vector_and_haar_records():
+    rng = np.random.default_rng(7)
+    n, reps = 1000, 150
+    x = rng.choice([-1.0, 1.0], size=(n, 4))
+    truth = x.mean(axis=0)
+    for spec in (
+        {"kind": "vector", "mechanism": "ksampling", "params": {"epsilon": 8.0, "d": 4}},
+        {"kind": "haar", "params": {"epsilon": 4.0, "d": 4, "mean_mechanism": "piecewise",
+                                    "detail_mechanism": "ksampling", "split": 0.5}},
+    ):
+        spec.update(dims=["a", "b", "c", "d"], bounds=[[-1, 1]] * 4)
+        coverage, _, _ = _coverage(spec, x, truth, reps, rng)
+        assert coverage.mean() >= 0.92, (spec["kind"], coverage)  # 600 intervals, nominal 0.95
+
+
+# Out-of-support rows: dropped and counted by the estimator, whatever the store holds
+
+
+def test_estimator_drops_and_counts_out_of_support_rows():
+    from coordinator.estimate import estimate_stream
+    from protocols.contract import StreamSpec
+
+    rng = np.random.default_rng(3)
+    spec = StreamSpec.model_validate(SUPPORT_STREAMS["cpu"])
+    rows = spec.build().privatize(np.zeros(2000), rng).tolist()
+    clean = estimate_stream(spec, rows)
+    poisoned = estimate_stream(spec, rows[:1000] + [1e6, "x", None, [0.1, 0.2]] + rows[1000:])
+    assert poisoned.error is None and poisoned.n == 2000 and poisoned.dropped == 4
+    assert poisoned.estimate == clean.estimate and poisoned.ci_low == clean.ci_low
+    for name, bad in BAD_ROWS.items():
+        spec = StreamSpec.model_validate(SUPPORT_STREAMS[name])
+        est = estimate_stream(spec, [GOOD_ROWS[name]] * 5 + bad)
+        assert est.error is None and (est.n, est.dropped) == (5, len(bad)), (name, est)
+
+
+def test_estimate_round_survives_a_poisoned_store(tmp_path):
+    from coordinator.estimate import estimate_round
+    from coordinator.rounds import RoundManager
+    from protocols.contract import StreamSpec
+    from coordinator.store import SQLiteStore, StoredReport
+
+    rng = np.random.default_rng(4)
+    store = SQLiteStore(tmp_path / "c.db")
+    RoundManager(store, wire.generate_signing_key()).open_round("r1", 9.0, {"streams": {"cpu": SUPPORT_STREAMS["cpu"]}})
+    rows = StreamSpec.model_validate(SUPPORT_STREAMS["cpu"]).build().privatize(np.zeros(500), rng).tolist()
+    bodies = [wire.canonical_json({"report": r}).decode() for r in rows] + ['{"report":1000000.0}', '{"x":1}', "{"]
+    store.commit_batch([StoredReport(device_id=f"d{i}", seq=0, boot=1, round_id="r1", stream="cpu",
+                                     mechanism="hybrid", body=b, sig="s", received_at=0.0)
+                        for i, b in enumerate(bodies)], {})
+    est = estimate_round(store, "r1")["cpu"]
+    assert est.error is None and est.n == 500 and est.dropped == 3
+    store.close()

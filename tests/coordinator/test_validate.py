@@ -11,6 +11,7 @@ from coordinator.simfleet import SimDevice, SimFleet
 from coordinator.store import SQLiteStore
 from coordinator.validate import Validator
 from protocols import wire
+from tests.coordinator.support_rows import BAD_ROWS, GOOD_ROWS, SUPPORT_STREAMS
 
 PARAMS = {"streams": {"cpu": {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 1.0},
                               "dims": ["cpu"], "bounds": [[0, 100]]}}}
@@ -305,4 +306,31 @@ def test_rows_already_stored_count_as_duplicates_in_the_stored_counters(tmp_path
     assert store.commit_batch([row], {}) == 1
     assert store.commit_batch([row], {"bad_signature": 2}) == 0
     assert store.counters() == {"accepted": 1, "duplicate": 1, "bad_signature": 2}
+    store.close()
+
+
+# Reports outside the mechanism's support are rejected at ingest
+
+
+def test_ingest_rejects_reports_outside_the_mechanisms_support(tmp_path):
+    from coordinator.rounds import RoundManager
+    from coordinator.simfleet import SimFleet
+    from coordinator.store import SQLiteStore
+    from coordinator.validate import Validator
+
+    store = SQLiteStore(tmp_path / "c.db")
+    fleet = SimFleet(1)
+    dev = fleet.devices[0]
+    store.upsert_device(dev.device_id, dev.public_key)
+    v = Validator(store)
+    RoundManager(store, wire.generate_signing_key(), on_change=v.set_round).open_round("r1", 20.0,
+                                                                                       {"streams": SUPPORT_STREAMS})
+    mech = {name: (spec.get("mechanism") or "haar") for name, spec in SUPPORT_STREAMS.items()}
+    for name, rows in BAD_ROWS.items():
+        for row in rows:
+            with pytest.raises(wire.WireError) as err:
+                v.check(*dev.report("r1", name, mech[name], {"report": row}))
+            assert err.value.reason == "bad_body", (name, row)
+    for name, row in GOOD_ROWS.items():
+        v.check(*dev.report("r1", name, mech[name], {"report": row}))
     store.close()

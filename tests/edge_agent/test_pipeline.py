@@ -13,8 +13,9 @@ from edge_agent.embed import categorical, new_identity, numeric, simple_config
 from edge_agent.pipeline import Pipeline, memo_key
 from edge_agent.plans import AUTO_CANDIDATES
 from protocols.errors import InvalidRecord
-from edge_agent.sources import IterableSource
+from edge_agent.sources import CallableSource, IterableSource
 from protocols import registry, wire
+from tests.edge_agent.signed_rounds import GAUSS_LOAD, HYBRID_LOAD, round_config
 
 SECRET = bytes(range(32))
 
@@ -229,3 +230,146 @@ def test_hadamard_design_is_pinned_in_the_stream_spec(tmp_path):
     assert spec["params"]["rows"] == plan.mechanism.rows
     rebuilt = StreamSpec.model_validate(spec).build()
     assert (rebuilt.rows, rebuilt.K) == (plan.mechanism.rows, plan.mechanism.K)
+
+
+# (ε, δ) mechanisms: a round cannot choose δ, and a Gaussian stream needs a δ cap
+
+
+def test_round_cannot_select_a_gaussian_mechanism_on_a_pure_device(tmp_path):
+    p = Pipeline(round_config(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), SECRET)
+    spec = {"kind": "numeric", "mechanism": "gaussian", "dims": ["load"], "bounds": [[0, 100]],
+            "params": {"epsilon": 1.0, "delta": 0.999999, "calibration": "analytic"}}
+    rp = p.round_plans({"streams": {"load": spec}})
+    assert rp.streams == [] and rp.refused == [("load", "delta")]
+
+
+def test_gaussian_stream_needs_a_delta_cap(tmp_path):
+    with pytest.raises(ConfigError, match="delta_cap"):
+        Pipeline(round_config(tmp_path, [numeric("load", 0, 100)], GAUSS_LOAD), SECRET)
+
+
+# Rounding steps: a round may ask only for the device's nested grid steps
+
+
+@pytest.mark.parametrize("step", [None, 1e-9, 0.5, 0.999, 3.0, 1.5, 200.0])
+def test_rounded_dimension_refuses_exact_fine_and_non_nested_steps(tmp_path, step):
+    p = Pipeline(round_config(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), SECRET)  # K_base = 100: base step 1
+    spec = dict(p.stream_specs()["load"], rounding=[step])
+    rp = p.round_plans({"streams": {"load": spec}})
+    assert rp.streams == [] and rp.refused == [("load", "rounding")]
+
+
+@pytest.mark.parametrize("step", [1.0, 1.0 + 1e-12, 2.0, 16.0, 64.0])
+def test_rounded_dimension_follows_nested_steps_and_shares_memo_entries(tmp_path, step):
+    p = Pipeline(round_config(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), SECRET)
+    spec = dict(p.stream_specs()["load"], rounding=[step])
+    rp = p.round_plans({"streams": {"load": spec}})
+    assert rp.streams == ["load"] and rp.plans["load"].rounding == (float(2 ** round(np.log2(step))),)
+    keys = {p.prepare(p.observe({"load": x}), rp.streams, rp.plans)[0].memo_key for x in (50.0, 50.0001, 50.0002)}
+    assert len(keys) <= 2  # three readings within 0.0002 fall on at most two points of a grid of step >= 1
+
+
+def test_unrounded_dimension_reports_exact_values_whatever_the_step(tmp_path):
+    cfg = round_config(tmp_path, [numeric("load", 0, 100, rounding={"enabled": False})], HYBRID_LOAD)
+    p = Pipeline(cfg, SECRET)
+    for step in (None, 0.37):
+        rp = p.round_plans({"streams": {"load": dict(p.stream_specs()["load"], rounding=[step])}})
+        assert rp.streams == ["load"]
+    rp = p.round_plans({"streams": {"load": dict(p.stream_specs()["load"], rounding=[500.0])}})
+    assert rp.refused == [("load", "rounding")]
+
+
+def test_planner_steps_are_nested_steps_devices_follow(tmp_path):
+    from coordinator.rounds import plan_rounding_steps
+
+    p = Pipeline(round_config(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), SECRET)
+    wild = [[0.0], [100.0], [0.0]]  # very volatile: the planner's step hits its cap
+    for max_fraction in (0.25, 1.0):
+        step = float(plan_rounding_steps(wild, [[0.1]] * 3, [0.0], [100.0], max_fraction=max_fraction)[0])
+        rp = p.round_plans({"streams": {"load": dict(p.stream_specs()["load"], rounding=[step])}})
+        assert rp.streams == ["load"], (max_fraction, step)
+
+
+# A numeric stream takes only numeric mechanisms, a categorical one only frequency oracles
+
+
+def test_numeric_stream_refuses_a_frequency_oracle_and_vice_versa(tmp_path):
+    dims = [numeric("load", 0, 100), categorical("os", 3)]
+    streams = HYBRID_LOAD + [{"name": "os", "dimensions": ["os"], "mechanism": "grr", "epsilon": 1.0}]
+    p = Pipeline(round_config(tmp_path, dims, streams), SECRET)
+    specs = p.stream_specs()
+    grr_on_load = dict(specs["load"], mechanism="grr", params={"epsilon": 1.0, "k": 2})
+    hybrid_on_os = dict(specs["os"], mechanism="hybrid", params={"epsilon": 1.0})
+    rp = p.round_plans({"streams": {"load": grr_on_load, "os": hybrid_on_os}})
+    assert rp.streams == [] and sorted(rp.refused) == [("load", "mechanism"), ("os", "mechanism")]
+
+
+# Category labels must be the device's
+
+
+def test_round_labels_must_equal_the_device_categories(tmp_path):
+    dims = [categorical("os", 3, categories=["linux", "mac", "win"]), categorical("app", 3)]
+    streams = [{"name": "os", "dimensions": ["os"], "mechanism": "grr", "epsilon": 1.0},
+               {"name": "app", "dimensions": ["app"], "mechanism": "grr", "epsilon": 1.0}]
+    p = Pipeline(round_config(tmp_path, dims, streams), SECRET)
+    specs = p.stream_specs()
+    assert p.round_plans({"streams": specs}).streams == ["os", "app"]  # the device's own labels (and none)
+    swapped = {"os": dict(specs["os"], labels=["win", "mac", "linux"]), "app": dict(specs["app"], labels=["a", "b", "c"])}
+    rp = p.round_plans({"streams": swapped})
+    assert rp.streams == [] and sorted(rp.refused) == [("app", "labels"), ("os", "labels")]
+
+
+# Raw readings that fail validation never reach the logs
+
+
+@pytest.mark.parametrize("reading", [
+    {"load": float("nan"), "os": 1},
+    {"load": 73.123456, "os": "secret-label-xyz"},
+    {"load": 73.123456, "os": 987654},
+    {"load": 73.123456, "os": 2.71828},
+    {"load": 73.123456, "os": float("-inf")},
+    {"load": "31337.4242", "os": 1},
+])
+def test_invalid_reading_values_are_not_in_exceptions_or_logs(tmp_path, caplog, reading):
+    dims = [numeric("load", 0, 100), categorical("os", 3, categories=["linux", "mac", "win"])]
+    streams = HYBRID_LOAD + [{"name": "os", "dimensions": ["os"], "mechanism": "grr", "epsilon": 1.0}]
+    a = Agent(round_config(tmp_path, dims, streams), CallableSource(lambda: dict(reading)), secrets=new_identity(),
+              transport=False).open()
+    with caplog.at_level("DEBUG"):
+        assert a.sample() is None
+    a.close()
+    with pytest.raises(ValueError) as err:
+        a.pipeline.validate(reading)
+    text = str(err.value) + caplog.text + repr([r.__dict__ for r in caplog.records])
+    assert "invalid record dropped" in caplog.text and "value: " in caplog.text  # described by kind only
+    for secret in ("nan", "secret-label-xyz", "987654", "2.71828", "-inf", "31337", "73.12"):
+        assert secret not in text.lower(), secret
+
+
+# A device using the Haar record (or auto) with a resolved split does not load scipy
+
+
+def test_haar_device_pipeline_does_not_import_scipy(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import os, sys
+        from edge_agent.embed import numeric, simple_config
+        from edge_agent.pipeline import Pipeline
+        from protocols.pipeline import HaarRecord
+        dims = [numeric(n, 0, 10) for n in "abc"]
+        streams = [{{"name": "rec", "dimensions": ["a", "b", "c"], "mechanism": "haar", "epsilon": 2.0,
+                    "params": {{"split": 0.4, "mean_mechanism": "hybrid"}}}}]
+        p = Pipeline(simple_config("d1", {str(tmp_path / 'd')!r}, dims, streams), os.urandom(32))
+        rec = p.observe({{"a": 1.0, "b": 2.0, "c": 3.0}})
+        body = p.prepare(rec)[0].make_body()
+        assert set(body["report"]) == {{"mean", "detail"}}
+        HaarRecord(2.0, 5, mean_mechanism="piecewise", split=0.3).privatize([[0.1] * 5], __import__("numpy").random.default_rng(1))
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "scipy")[:3])
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

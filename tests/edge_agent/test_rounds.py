@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from edge_agent.agent import Agent
 from edge_agent.embed import categorical, new_identity, numeric, simple_config
 from edge_agent.sources import CallableSource
 from protocols import wire
+from tests.edge_agent.signed_rounds import GAUSS_LOAD, HYBRID_LOAD, round_config, signed_round
 
 COORD = wire.generate_signing_key()
 
@@ -135,3 +138,53 @@ def test_mqtt_and_flower_rounds_take_one_path(tmp_path):
     assert mqtt.state.counters()["rounds.no_streams"] == 1
     mqtt.close()
     flower.close()
+
+
+# (ε, δ) mechanisms: a round cannot raise δ; the ledger records and caps the device's own
+
+
+def test_gaussian_device_refuses_a_larger_delta_and_records_and_caps_its_own(tmp_path):
+    values = iter(range(100))
+    cfg = round_config(tmp_path, [numeric("load", 0, 100, rounding={"enabled": False})], GAUSS_LOAD,
+                       ledger={"total_cap": 1e6, "delta_cap": 3.5e-6})
+    a = Agent(cfg, CallableSource(lambda: {"load": float(next(values))}), secrets=new_identity(),
+              transport=False).open()
+    own = a.stream_specs()["load"]
+    assert own["params"]["delta"] == 1e-6
+    larger = dict(own, params={**own["params"], "delta": 1e-3})
+    out = a.handle_round(signed_round("r0", {"streams": {"load": larger}}))
+    assert out.refused == [("load", "spec_delta")] and a.state.spent() == 0
+    charged = []
+    for i in range(5):  # a new value each time: a new memo entry each time
+        out = a.handle_round(signed_round(f"r{i + 1}", {"streams": {"load": own}}))
+        charged.append(out.charged)
+        if i >= 3:
+            assert out.refused == [("load", "delta_cap")]
+    assert charged == [0.5, 0.5, 0.5, 0.0, 0.0]
+    rows = list(a.state.ledger_rows())
+    assert [r["delta"] for r in rows] == [1e-6] * 3 and a.state.spent_delta() == pytest.approx(3e-6)
+    a.close()
+
+
+# The Flower client follows the same round contract (Haar streams, rounding steps)
+
+
+def test_flower_answer_round_uses_the_pipeline_contract(tmp_path):
+    from edge_agent.rounds import answer_round
+
+    dims = [numeric("a", 0, 10), numeric("b", 0, 10), numeric("load", 0, 100)]
+    streams = [{"name": "rec", "dimensions": ["a", "b"], "mechanism": "haar", "epsilon": 1.0,
+                "params": {"split": 0.5, "mean_mechanism": "hybrid"}}] + HYBRID_LOAD
+    a = Agent(round_config(tmp_path, dims, streams), CallableSource(lambda: {"a": 1.0, "b": 2.0, "load": 50.3}),
+              secrets=new_identity(), transport=False).open()
+    specs = a.stream_specs()
+    specs["load"]["rounding"] = [16.0]
+    status, out = answer_round(a, signed_round("r1", {"streams": specs}))
+    assert status == "answered" and not out.refused
+    bodies = {wire.decode_report(c.payload).stream: c.body["report"] for c in out.commits}
+    assert set(bodies["rec"]) == {"mean", "detail"}  # Haar streams are answered
+    assert bodies["load"] is not None
+    specs["load"]["rounding"] = [None]  # the exact value of a rounded dimension: refused like over MQTT
+    status, out = answer_round(a, signed_round("r2", {"streams": specs}))
+    assert status == "answered" and out.refused == [("load", "spec_rounding")]
+    a.close()

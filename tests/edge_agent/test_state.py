@@ -6,7 +6,11 @@ import sqlite3
 
 import pytest
 
-from edge_agent.state import Refused, ReportRequest, State
+from edge_agent.agent import Agent
+from edge_agent.embed import new_identity, numeric
+from edge_agent.sources import CallableSource
+from edge_agent.state import SCHEMA_VERSION, Refused, ReportRequest, State
+from tests.edge_agent.signed_rounds import HYBRID_LOAD, round_config
 
 
 def _req(stream="s", key="k", eps=1.0, cap=10.0, round_id="r", round_cap=None, body=None, payload_exc=None):
@@ -176,3 +180,41 @@ def test_round_record_rounding_counters_and_sent_marks_commit_with_the_reports(t
                               round_record=("r3", "answered", ""), sent=[c1.seq, c2.seq])
         assert st.round_seen("r3") is None and st.pending_count() == 2 and st.next_seq == 3
         assert st.check_invariants()["ok"]
+
+
+# The ledger records δ only for (ε, δ) mechanisms
+
+
+def test_pure_mechanisms_leave_delta_null(tmp_path):
+    a = Agent(round_config(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), CallableSource(lambda: {"load": 5.0}),
+              secrets=new_identity(), transport=False).open()
+    a.report("r1")
+    assert [r["delta"] for r in a.state.ledger_rows()] == [None] and a.state.spent_delta() == 0.0
+    a.close()
+
+
+# An older state database is migrated in place
+
+
+def test_version_1_state_database_is_migrated_in_place(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL);
+        CREATE TABLE ledger (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, stream TEXT NOT NULL,
+            round_id TEXT NOT NULL, epsilon REAL NOT NULL CHECK (epsilon > 0), memo_key TEXT NOT NULL,
+            seq INTEGER NOT NULL, mechanism TEXT NOT NULL);
+        CREATE TRIGGER ledger_append_only_u BEFORE UPDATE ON ledger
+            BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END;
+        INSERT INTO meta VALUES ('schema_version', 1);
+        INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism) VALUES (1, 's', 'r', 0.5, 'k', 0, 'grr');
+    """)
+    db.commit()
+    db.close()
+    with State(path) as st:
+        assert [r["delta"] for r in st.ledger_rows()] == [None] and st.spent() == 0.5
+        # every charge before privacy units was a per-value memo charge
+        assert [r["unit"] for r in st.ledger_rows()] == ["value"] and st.spent_by_unit() == {"value": 0.5}
+        assert int(st._get("schema_version")) == SCHEMA_VERSION == 3
+    with State(path) as st:  # idempotent
+        assert len(list(st.ledger_rows())) == 1

@@ -25,6 +25,7 @@ from protocols.longitudinal import (
     protocol_from_params,
     slot_pattern,
 )
+from protocols.longitudinal.rappor import RapporReports
 
 
 @pytest.mark.parametrize(
@@ -295,6 +296,14 @@ def test_rappor_nnls_option_is_non_negative():
     assert lstsq.min() < 0 and nn.shape == (40,) and nn.min() >= 0
     t_hat, n_c = protocol.denoised_bit_counts(reports)
     np.testing.assert_array_equal(protocol.decode_bit_counts(t_hat, n_c, method="nnls"), nn)
+
+
+def test_rappor_decodes_with_empty_high_cohorts():
+    """Cohorts that received no reports (here the high ones) decode to zero bit counts, finite, not NaN."""
+    proto = RAPPOR(num_bits=16, num_hashes=2, num_cohorts=4)
+    bits = np.random.default_rng(5).integers(0, 2, size=(10, 16)).astype(np.uint8)
+    t_hat, n_c = proto.denoised_bit_counts(RapporReports(np.zeros(10, dtype=np.int64), bits))
+    assert n_c.tolist() == [10, 0, 0, 0] and np.all(t_hat[1:] == 0) and np.all(np.isfinite(t_hat))
 
 
 def test_alpha_rounding_is_unbiased_with_exact_probabilities():

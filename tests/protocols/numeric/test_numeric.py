@@ -85,6 +85,16 @@ def test_epsilon_cap(cls):
         DuchiMultiDim(1000.0, 3)
 
 
+@pytest.mark.parametrize("cls", [Duchi, Hybrid])
+def test_numeric_epsilon_cap_keeps_outputs_random(cls):
+    """ε is capped: beyond MAX_EPSILON double precision would make the outputs deterministic."""
+    assert MAX_EPSILON <= 30
+    with pytest.raises(ValueError, match="epsilon"):
+        cls(MAX_EPSILON + 1)
+    with pytest.raises(ValueError, match="epsilon"):
+        DuchiMultiDim(MAX_EPSILON + 1, 3)
+
+
 def test_constructor_validation():
     with pytest.raises(ValueError, match="analytic"):
         Gaussian(1.0, 1e-5)  # classic calibration is unproven for ε ≥ 1
