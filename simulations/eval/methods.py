@@ -1,6 +1,6 @@
 """The mechanisms the evaluation compares, the audits that verify their ε, and the mean-error computations.
 
-Only mechanisms whose ε is checked exactly (tests/unit) and empirically (tests/audit) are compared; :data:`AUDITS`
+Only mechanisms whose ε is checked exactly (unit tests) and empirically (audit tests) are compared; :data:`AUDITS`
 names the audit test of each (the report's audit table), and :func:`audit_rows` checks that every test file it names
 exists so the report never cites a missing audit.
 """
@@ -48,7 +48,7 @@ AUDITS: dict[str, str] = {
     "Haar record": f"{_PIPELINE_AUDIT}::test_default_record_mechanism_passes_the_audit, "
     "::test_even_split_passes_the_audit_with_power",
     "auto": "delegates to the chosen mechanism (Haar record, HM k-sampling or Duchi multi-dim: see their rows); "
-    "choice: tests/protocols/pipeline/test_record.py",
+    "choice: tests/protocols/pipeline/test_auto.py",
     "HM k-sampling": f"{_NUMERIC_AUDIT}::test_audit_never_exceeds_claim[hybrid], [ksampling], "
     "::test_ksampling_with_k_two_is_audited_at_full_epsilon",
     "PM k-sampling": f"{_NUMERIC_AUDIT}::test_audit_never_exceeds_claim[piecewise], [ksampling]",
