@@ -187,18 +187,15 @@ def _mqtt_connect(o: "RunOptions", protocol: int):  # noqa: ANN202 - paho Client
     import secrets as _secrets
     import ssl
 
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
+    from protocols.mqtt import new_client
 
     # Never the ingest's identity: a second connection with it would take over (clean start: wipe) the
     # coordinator's session. With client certificates the broker binds the client id to the certificate's CN
     # (deploy/mosquitto/haarvest.conf), so the round publisher presents its own (cmd_rounds refuses without one).
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"haarvest-rounds-{_secrets.token_hex(4)}",
-                         protocol=protocol)
-    if o.mqtt_username:
-        client.username_pw_set(o.mqtt_username, o.mqtt_password)
-    if o.tls:
-        client.tls_set(ca_certs=o.mqtt_ca, certfile=o.rounds_cert, keyfile=o.rounds_key)
+    # Not a persistent session: it publishes retained messages and disconnects.
+    client = new_client(f"haarvest-rounds-{_secrets.token_hex(4)}", protocol, persistent=False,
+                        username=o.mqtt_username, password=o.mqtt_password, tls=o.tls, ca_certs=o.mqtt_ca,
+                        certfile=o.rounds_cert, keyfile=o.rounds_key)
     answered = threading.Event()
     result: dict[str, Any] = {}
 
@@ -228,10 +225,11 @@ def _mqtt_connect(o: "RunOptions", protocol: int):  # noqa: ANN202 - paho Client
 
 def _publish_rounds(o: "RunOptions", items: list[tuple[str, bytes]]) -> None:
     """Publish ``(topic, payload)`` retained at QoS 1 and wait for every PUBACK; PublishError if the connection
-    fails or the broker refuses a message (MQTT 5 reason code, e.g. "Not authorized" from the ACL)."""
-    import paho.mqtt.client as mqtt
+    fails or the broker refuses a message (MQTT 5 reason code, e.g. "Not authorized" from the ACL). ``"auto"``
+    tries MQTT 5, then 3.1.1 after any failure to connect."""
+    from protocols.mqtt import attempts
 
-    protocols = {"5": [mqtt.MQTTv5], "3.1.1": [mqtt.MQTTv311], "auto": [mqtt.MQTTv5, mqtt.MQTTv311]}[o.mqtt_protocol]
+    protocols = attempts(o.mqtt_protocol)
     for i, protocol in enumerate(protocols):
         try:
             client = _mqtt_connect(o, protocol)
@@ -349,6 +347,24 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             print(f"   {label:>16}  {e:12.6g}   [{lo:.6g}, {hi:.6g}]")
         if est.heavy_hitters:
             print("   heavy hitters: " + ", ".join(f"{h['label']} ({h['frequency']:.4g})" for h in est.heavy_hitters))
+    return 0
+
+
+def cmd_aggregates(args: argparse.Namespace) -> int:
+    from coordinator.aggregates import check_aggregates
+
+    store = _store(args)
+    try:
+        checks = check_aggregates(store, args.round or None, rebuild=args.rebuild)
+    finally:
+        store.close()
+    for c in checks:
+        kept = "-" if c.stored_n is None else str(c.stored_n)
+        print(f"{c.round_id}/{c.stream}: {c.status} (aggregated n={kept}, stored reports n={c.reports_n})")
+    bad = [c for c in checks if c.status in ("differ", "stale")]
+    if bad and not args.rebuild:
+        print(f"{len(bad)} stream(s) to rebuild: haarvest coordinator aggregates --rebuild", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -498,6 +514,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="the unbiased estimates, without clipping to the bounds or projecting onto the simplex")
     es.add_argument("--json", action="store_true", help="print JSON instead of a table")
     es.set_defaults(func=cmd_estimate)
+
+    ag = sub.add_parser("aggregates", help="check the aggregates kept at ingest against the stored reports; "
+                                           "--rebuild recomputes them from the reports")
+    db(ag)
+    ag.add_argument("round", nargs="*", help="round ids (default: every round)")
+    ag.add_argument("--rebuild", action="store_true",
+                    help="replace the aggregates by those recomputed from the stored reports (writes held off)")
+    ag.set_defaults(func=cmd_aggregates)
 
     ex = sub.add_parser("export", help="export stored reports (JSON lines or CSV)")
     db(ex)

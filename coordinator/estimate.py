@@ -1,10 +1,14 @@
-"""Unbiased aggregates with confidence intervals from the stored reports of a round.
+"""Unbiased aggregates with confidence intervals from the sufficient statistics of a round's reports.
 
-Per round and stream the stored bodies are stacked into one array (:meth:`coordinator.decode.StreamDecoder.from_bodies`:
-one ``json.loads`` and one ``numpy.asarray`` for all of them, Haar rows flattened to ``[y, z…]`` at the C level)
-and decoded vectorised by the stream's mechanism (``StreamSpec.build()``). Rows the mechanism cannot have produced
-(wrong shape, outside its support — rejected at ingest, but a store may hold older rows) are dropped and counted
-(``StreamEstimate.dropped``) rather than failing the stream:
+Every estimate is computed from a stream's :class:`protocols.catalogue.Statistics` (:func:`estimate_statistics`):
+the count n, the sum of each report's statistic vector and, for numeric streams, the sum of its squares. The
+coordinator keeps them as reports arrive (:meth:`coordinator.store.Store.commit_batch`), so estimating a round
+reads one small row per ingest worker whatever the number of reports. A stream whose aggregates are stale (reports
+stored before aggregates existed, or committed without them) is estimated from its stored bodies instead
+(:func:`estimate_stream`: stacked by :meth:`coordinator.decode.StreamDecoder.from_bodies`, the statistics computed
+from the rows, then the same :func:`estimate_statistics`), until ``haarvest coordinator aggregates --rebuild``.
+Rows the mechanism cannot have produced (wrong shape, outside its support — rejected at ingest, but a store may
+hold older rows) are dropped and counted (``StreamEstimate.dropped``) rather than failing the stream:
 
 * ``numeric`` / ``vector``: ``t̂ = mechanism.estimate(rows)`` (per-coordinate means in [-1, 1]), de-normalised
   ``x̂ = lo + (t̂ + 1)(hi - lo)/2``; standard error ``((hi - lo)/2)·sqrt(Var(t)/n)``.
@@ -56,10 +60,12 @@ from protocols.contract import BODY_KEY, HeavyHitterSpec, StreamSpec, denormalis
 from coordinator.store import Store
 from protocols import wire
 from protocols.base import confidence_interval
+from protocols.catalogue import Family, Statistics
 from protocols.frequency.postprocess import project_simplex
 from protocols.heavy_hitters import select_prefixes
 
-__all__ = ["StreamEstimate", "estimate_stream", "estimate_round", "parse_bodies"]
+__all__ = ["StreamEstimate", "estimate_stream", "estimate_statistics", "estimate_round", "parse_bodies",
+           "statistics_from_bodies"]
 
 VarianceBasis = Literal["plugin", "worst"]
 
@@ -126,31 +132,25 @@ def _mean_square(y_sq_mean: np.ndarray, theta_hat: np.ndarray, a: np.ndarray, g_
     return np.where(g > 0, moment, plug)
 
 
-def _unwrap(mech: Any) -> Any:
-    """The mechanism ``auto`` (:class:`protocols.pipeline.AutoRecord`) delegates to."""
-    while type(mech).__name__ == "AutoRecord" and hasattr(mech, "mechanism"):
-        mech = mech.mechanism
-    return mech
-
-
-def _moment_variance(mech: Any, reports: np.ndarray, t_hat: np.ndarray) -> np.ndarray:
-    """Per-coordinate per-user variance ``a + g·Ê[t²]`` of a scalar or vector mean mechanism (module docstring)."""
+def _moment_variance(mech: Any, y_sq_mean: np.ndarray, t_hat: np.ndarray) -> np.ndarray:
+    """Per-coordinate per-user variance ``a + g·Ê[t²]`` of a scalar or vector mean mechanism (module docstring),
+    from the mean square ``y_sq_mean`` of the debiased reports."""
     from protocols.pipeline._variance import quadratic_coefficients
 
     try:
         a, g = quadratic_coefficients(mech.variance, type(mech).__name__)
     except (ValueError, TypeError):
         return _numeric_variance(mech, t_hat, "plugin")
-    y = np.asarray(mech.debias(reports), dtype=float).reshape(reports.shape[0], -1)
-    if y.shape[1] != t_hat.size:
+    if y_sq_mean.size != t_hat.size:
         return _numeric_variance(mech, t_hat, "plugin")
     ones = np.ones(t_hat.shape)
-    m2 = _mean_square(np.mean(y**2, axis=0), np.clip(t_hat, -1.0, 1.0), a * ones, g * ones, g * ones, ones)
+    m2 = _mean_square(y_sq_mean, np.clip(t_hat, -1.0, 1.0), a * ones, g * ones, g * ones, ones)
     return np.maximum(a + g * m2, 0.0)
 
 
-def _haar_moment_variance(mech: Any, coefficients: np.ndarray, theta_hat: np.ndarray) -> np.ndarray:
-    """(d,) per-user variance of the Haar record's coordinates from the debiased coefficients (n, D)."""
+def _haar_moment_variance(mech: Any, coefficient_sq_mean: np.ndarray, theta_hat: np.ndarray) -> np.ndarray:
+    """(d,) per-user variance of the Haar record's coordinates from the mean and mean square of the debiased
+    coefficients."""
     from protocols.haar import haar_synthesis_matrix
     from protocols.pipeline.record import coefficient_bounds
 
@@ -159,7 +159,7 @@ def _haar_moment_variance(mech: Any, coefficients: np.ndarray, theta_hat: np.nda
     m_max, c_max = coefficient_bounds(mech.d)
     bound = np.concatenate([[m_max], c_max])
     theta = np.clip(theta_hat, -bound, bound)
-    m2 = _mean_square(np.mean(coefficients**2, axis=0), theta, a, g - C * J, g, bound**2)
+    m2 = _mean_square(coefficient_sq_mean, theta, a, g - C * J, g, bound**2)
     W = haar_synthesis_matrix(mech.d)
     var = (W**2) @ (a + g * m2)
     if C:
@@ -182,20 +182,42 @@ def estimate_stream(spec: StreamSpec, rows: list[Any] | np.ndarray | DecodedRepo
     its support) are dropped and counted in ``dropped``; ``n`` counts the rows used."""
     if variance not in ("plugin", "worst"):
         raise ValueError("variance must be 'plugin' or 'worst'")
-    out = StreamEstimate(round_id=round_id, stream=stream, kind=spec.kind, mechanism=spec.wire_mechanism,
-                         n=0, level=level, variance_basis=variance, consistency=consistency, unit=spec.unit)
     if decoder is None:
         decoder = StreamDecoder.for_spec(spec)
     decoded = rows if isinstance(rows, DecodedReports) else decoder.stack(rows)
     keep = decoder.valid_mask(decoded.reports)
-    reports = decoded.reports[keep]
-    n = int(reports.shape[0])
-    out.n, out.dropped = n, int(decoded.dropped + keep.size - n)
+    stats = decoder.entry.statistics(decoder.mechanism, decoded.reports[keep])
+    return estimate_statistics(spec, stats, round_id, stream, level, variance, consistency, decoder=decoder,
+                               dropped=int(decoded.dropped + keep.size - stats.n))
+
+
+def statistics_from_bodies(spec: StreamSpec, bodies: list[str], decoder: StreamDecoder | None = None) -> Statistics:
+    """A stream's statistics recomputed from its stored report bodies (the rows its mechanism accepts): what the
+    aggregates kept at ingest must equal (``haarvest coordinator aggregates``)."""
+    decoder = decoder or StreamDecoder.for_spec(spec)
+    decoded = decoder.from_bodies(bodies)
+    return decoder.entry.statistics(decoder.mechanism, decoded.reports[decoder.valid_mask(decoded.reports)])
+
+
+def estimate_statistics(spec: StreamSpec, stats: Statistics, round_id: str = "", stream: str = "",
+                        level: float = 0.95, variance: VarianceBasis = "plugin", consistency: bool = True,
+                        decoder: StreamDecoder | None = None, dropped: int = 0) -> StreamEstimate:
+    """Estimate one stream from its sufficient statistics alone (:class:`protocols.catalogue.Statistics`, as kept
+    at ingest): the same numbers :func:`estimate_stream` gives from the rows (it goes through here)."""
+    if variance not in ("plugin", "worst"):
+        raise ValueError("variance must be 'plugin' or 'worst'")
+    out = StreamEstimate(round_id=round_id, stream=stream, kind=spec.kind, mechanism=spec.wire_mechanism,
+                         n=int(stats.n), level=level, variance_basis=variance, consistency=consistency, unit=spec.unit,
+                         dropped=dropped)
+    if decoder is None:
+        decoder = StreamDecoder.for_spec(spec)
+    n = int(stats.n)
     if n == 0:
         out.error = "no valid reports" if out.dropped else "no reports"
         return out
+    entry = decoder.entry
     if spec.kind in ("numeric", "vector", "haar"):
-        t_hat, var = _normalised_means(spec, decoder.mechanism, reports, variance)
+        t_hat, var = _normalised_means(spec, decoder, stats, variance)
         lo, hi = spec.lo_hi()
         ci_lo_t, ci_hi_t = confidence_interval(t_hat, var, n, level)
         scale = (hi - lo) / 2.0
@@ -208,10 +230,7 @@ def estimate_stream(spec: StreamSpec, rows: list[Any] | np.ndarray | DecodedRepo
         out.stderr = (scale * np.sqrt(var / n)).tolist()
     else:
         mech = decoder.mechanism
-        if spec.kind == "longitudinal":
-            f_hat = np.asarray(mech.estimate_round(reports), dtype=float).reshape(-1)
-        else:
-            f_hat = np.asarray(mech.estimate(reports), dtype=float).reshape(-1)
+        f_hat = entry.estimate(mech, stats)
         var = _frequency_variance(mech, f_hat, variance)
         c_lo, c_hi = confidence_interval(f_hat, var, n, level)
         raw = est = f_hat
@@ -226,24 +245,21 @@ def estimate_stream(spec: StreamSpec, rows: list[Any] | np.ndarray | DecodedRepo
     return out
 
 
-def _normalised_means(spec: StreamSpec, mech: Any, reports: np.ndarray,
+def _normalised_means(spec: StreamSpec, decoder: StreamDecoder, stats: Statistics,
                       basis: VarianceBasis) -> tuple[np.ndarray, np.ndarray]:
-    """(t̂, per-user variance) per dimension, in the normalised domain [-1, 1], from stacked reports."""
+    """(t̂, per-user variance) per dimension, in the normalised domain [-1, 1], from the stream's statistics."""
     d = len(spec.dims)
-    inner = _unwrap(mech)
-    if hasattr(inner, "model") and hasattr(inner, "worst_case_variances"):  # the Haar record
-        coefficients = np.asarray(inner.debias(reports), dtype=float)
-        theta_hat = coefficients.mean(axis=0)
-        t_hat = np.asarray(inner.estimate(reports), dtype=float).reshape(-1)
+    mech = decoder.mechanism
+    t_hat = decoder.entry.estimate(mech, stats)
+    if decoder.entry.family is Family.HAAR:
         if basis == "worst":
-            return t_hat, np.asarray(inner.worst_case_variances(), dtype=float)
-        return t_hat, _haar_moment_variance(inner, coefficients, theta_hat)
-    t_hat = np.asarray(mech.estimate(reports), dtype=float).reshape(-1)
+            return t_hat, np.asarray(mech.worst_case_variances(), dtype=float)
+        return t_hat, _haar_moment_variance(mech, stats.squares / stats.n, stats.mean)
     if t_hat.size != d:
         raise ValueError(f"mechanism {spec.mechanism!r} estimated {t_hat.size} values for {d} dimensions")
     if basis == "worst":
         return t_hat, _numeric_variance(mech, t_hat, basis)
-    return t_hat, _moment_variance(inner, reports, t_hat)
+    return t_hat, _moment_variance(mech, stats.squares / stats.n, t_hat)
 
 
 def select_heavy_hitters(spec: HeavyHitterSpec, estimate: Any, stderr: Any, z: float = 3.0,
@@ -301,9 +317,14 @@ def estimate_round(store: Store, round_id: str, level: float = 0.95, variance: V
     for name, spec in params.streams.items():
         if streams is not None and name not in streams:
             continue
-        bodies = store.report_bodies(round_id, name)
+        stats = store.aggregates(round_id, name)
+        bodies: list[str] = []
         try:
             decoder = StreamDecoder.for_spec(spec)
+            if stats is not None:  # kept at ingest: the cost does not grow with the reports
+                out[name] = estimate_statistics(spec, stats, round_id, name, level, variance, consistency, decoder)
+                continue
+            bodies = store.report_bodies(round_id, name)  # stale or never aggregated: from the reports themselves
             out[name] = estimate_stream(spec, decoder.from_bodies(bodies), round_id, name, level, variance,
                                         consistency, decoder=decoder)
         except (ValueError, TypeError, KeyError, ImportError) as exc:

@@ -317,7 +317,8 @@ class FlowerCoordinator:
             else:
                 accepted.append(result)
         try:
-            inserted = self.store.commit_batch(accepted, {**rejected, **per_device_counters(results)})
+            inserted = self.store.commit_batch(accepted, {**rejected, **per_device_counters(results)},
+                                               self.validator.statistics)
         except Exception:
             self.validator.reload()
             raise

@@ -336,7 +336,7 @@ class IngestWorker:
         counters.update(per_device_counters(results))
         if duplicates:
             counters[DUPLICATE] = duplicates
-        inserted = self.store.commit_batch(accepted, counters)
+        inserted = self.store.commit_batch(accepted, counters, self.validator.statistics)
         self.validator.batch_committed()
         self.metrics.record_batch(len(batch), inserted, duplicates + (len(accepted) - inserted), rejected,
                                   time.perf_counter() - t0)

@@ -24,7 +24,9 @@ Protocol: ``"5"`` connects with ``clean_start=False`` and a 7-day session expiry
 protocol version or closes the connection before any CONNACK. MQTT 3.1.1 is the throughput setting (paho parses
 MQTT 5 properties in Python); MQTT 5 is the default because its PUBACK reason codes tell ``coordinator rounds open``
 that the broker's ACL refused a round. Shared subscriptions ``$share/<group>/...`` let several coordinators split a
-fleet (mosquitto ≥ 1.6 grants them to MQTT 3.1.1 clients too; amqtt has none).
+fleet (mosquitto ≥ 1.6 grants them to MQTT 3.1.1 clients too; amqtt has none). The client settings and the fall-back
+rule are :mod:`protocols.mqtt`'s (shared with the device and the round publisher); the receiver process imports only
+it and paho — no numpy, pydantic or cryptography (a test checks).
 
 The pipe (a socketpair carrying pickled tuples, :class:`multiprocessing.connection.Connection`):
 
@@ -50,10 +52,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from protocols import mqtt as mqtt_setup
 
 __all__ = ["IngestSettings", "Receiver", "new_client", "subscription_topic", "REPORTS_WILDCARD"]
 
@@ -67,8 +68,6 @@ SESSION_EXPIRY = 7 * 24 * 3600
 MAX_BATCHES_IN_FLIGHT = 3
 #: On a draining stop, how long to wait for the coordinator to commit what was handed over.
 DRAIN_TIMEOUT = 20.0
-#: CONNACK codes meaning "unsupported protocol version" (3.1.1 return code 1, MQTT 5 reason 0x84).
-_UNSUPPORTED_VERSION = {1, 0x84}
 #: ``protocol="auto"``: a TCP connection without CONNACK for this long counts as a refusal of MQTT 5 (amqtt
 #: neither answers nor closes an MQTT 5 CONNECT with properties).
 CONNACK_TIMEOUT = 3.0
@@ -106,7 +105,7 @@ class IngestSettings:
     def first_protocol(self) -> int:
         """The MQTT version the client connects with first: 3.1.1 (4) if asked for, else 5 (``"auto"`` starts
         there)."""
-        return mqtt.MQTTv311 if self.protocol == "3.1.1" else mqtt.MQTTv5
+        return mqtt_setup.first_protocol(self.protocol)
 
     @property
     def use_tls(self) -> bool:
@@ -126,18 +125,15 @@ class IngestSettings:
 
 
 def new_client(settings: IngestSettings, protocol: int) -> mqtt.Client:
-    """The paho client ``settings`` describe (persistent session, manual acknowledgements, TLS), not connected.
+    """The paho client ``settings`` describe (persistent session, manual acknowledgements, TLS), not connected
+    (:func:`protocols.mqtt.new_client`).
 
     The coordinator builds one and discards it before it starts the receiver, so that a bad TLS file or option
     raises there and then rather than in the receiver process."""
-    v5 = protocol == mqtt.MQTTv5
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=protocol,
-                         clean_session=None if v5 else False, manual_ack=True)
+    client = mqtt_setup.new_client(settings.client_id, protocol, persistent=True, username=settings.username,
+                                   password=settings.password, tls=settings.use_tls, ca_certs=settings.tls_ca,
+                                   certfile=settings.tls_cert, keyfile=settings.tls_key, manual_ack=True)
     client.max_queued_messages_set(0)
-    if settings.username:
-        client.username_pw_set(settings.username, settings.password)
-    if settings.use_tls:
-        client.tls_set(ca_certs=settings.tls_ca, certfile=settings.tls_cert, keyfile=settings.tls_key)
     client.reconnect_delay_set(0.1, 5)
     return client
 
@@ -191,14 +187,9 @@ class Receiver:
         return client
 
     def _connect_async(self) -> None:
-        if self.protocol == mqtt.MQTTv5:
-            props = Properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = SESSION_EXPIRY
-            props.ReceiveMaximum = self.settings.receive_maximum
-            self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive,
-                                      clean_start=False, properties=props)
-        else:
-            self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive)
+        self.client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive,
+                                  **mqtt_setup.session_connect_args(self.protocol, SESSION_EXPIRY,
+                                                                    self.settings.receive_maximum))
 
     def start(self) -> None:
         """Connect and subscribe (paho's network thread) and return at once; reports ``subscribed`` over the pipe.
@@ -218,7 +209,7 @@ class Receiver:
             elif connected_at is None:
                 connected_at = time.monotonic()
             silent = connected_at is not None and time.monotonic() - connected_at > CONNACK_TIMEOUT
-            if self._version_failures >= 2 or silent:
+            if mqtt_setup.should_fall_back(self._version_failures, silent):
                 self._fall_back()
                 return
             time.sleep(0.05)
@@ -243,7 +234,7 @@ class Receiver:
     # ------------------------------------------------------------------ paho callbacks (network thread)
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if reason_code.is_failure:
-            if reason_code.value in _UNSUPPORTED_VERSION:
+            if mqtt_setup.refuses_mqtt5(reason_code):
                 self._version_failures += 1
             log.warning("MQTT connect refused: %s", reason_code)
             return

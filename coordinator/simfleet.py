@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocols.contract import make_body
-from protocols import registry, wire
+from protocols import catalogue, wire
 
 __all__ = ["SimDevice", "SimFleet"]
 
@@ -62,5 +62,5 @@ class SimFleet:
         """One signed report per device; ``rows[i]`` is device i's privatized row (``body = {"report": row}``)."""
         if len(rows) != len(self.devices):
             raise ValueError(f"need one row per device ({len(self.devices)}), got {len(rows)}")
-        return [d.report(round_id, stream, mechanism, make_body(registry.row_to_json(r)))
+        return [d.report(round_id, stream, mechanism, make_body(catalogue.row_to_json(r)))
                 for d, r in zip(self.devices, rows)]

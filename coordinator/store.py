@@ -9,20 +9,34 @@ One small interface (:class:`Store`) with two SQL backends sharing the schema an
 Ingest commits a *batch* of accepted reports together with the replay high-water marks and the rejection
 counters in one transaction (:meth:`Store.commit_batch`); ``UNIQUE(device_id, seq)`` and
 ``UNIQUE(device_id, round_id, stream)`` make a redelivered or raced report a no-op, never a second row.
+
+**Aggregates kept at ingest.** The same transaction adds the sufficient statistics of the reports it actually
+inserted (:class:`protocols.catalogue.Statistics`, computed by the caller's ``aggregate`` function from exactly
+those reports) to the ``aggregates`` table, so an estimate reads one small row per writer instead of every report
+(:meth:`Store.aggregates`). Each store instance writes its own row per (round, stream) (``writer``, random per
+instance): workers sharing a PostgreSQL database never update the same row, and a reader sums the rows. When some
+reports of a batch were already stored (a redelivery, or another worker's copy), the transaction is redone report
+by report so only the inserted ones count — a report is counted once whatever the redeliveries. The stored reports
+stay the source of truth: a (round, stream) whose reports were committed without an aggregate function, or stored
+before aggregates existed, is marked *stale* and estimated from its reports until :meth:`Store.rebuild_aggregates`
+recomputes it (``haarvest coordinator aggregates --rebuild``).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
+
+from protocols.catalogue import Statistics
 
 __all__ = ["StoredReport", "Store", "SQLiteStore", "PostgresStore", "open_store", "STORE_ERRORS", "DEVICE_STATUSES",
            "KEEP"]
@@ -56,7 +70,15 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS reports_by_round ON reports (round_id, stream)",
     "CREATE TABLE IF NOT EXISTS high_water (device_id TEXT PRIMARY KEY, seq BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS aggregates (
+        round_id TEXT NOT NULL, stream TEXT NOT NULL, writer TEXT NOT NULL, n BIGINT NOT NULL, stats TEXT NOT NULL,
+        PRIMARY KEY (round_id, stream, writer))""",
+    """CREATE TABLE IF NOT EXISTS aggregates_stale (
+        round_id TEXT NOT NULL, stream TEXT NOT NULL, PRIMARY KEY (round_id, stream))""",
 ]
+
+#: ``aggregate(inserted reports) → {(round_id, stream): Statistics}`` (see the module docstring)
+Aggregate = Callable[[list["StoredReport"]], dict[tuple[str, str], Statistics]]
 
 ROUND_STATUSES = ("open", "closed")
 #: ``quarantined``: cut off automatically for flooding (:mod:`coordinator.quarantine`); ``active`` again on release
@@ -161,10 +183,26 @@ class Store(ABC):
 
     # reports
     @abstractmethod
-    def commit_batch(self, reports: list[StoredReport], counters: dict[str, int]) -> int:
-        """Atomically insert ``reports`` (ignoring ones already stored), raise the high-water marks and add
-        ``counters`` (plus ``accepted`` += rows inserted, ``duplicate`` += rows ignored as already stored). Returns
-        the number of rows inserted."""
+    def commit_batch(self, reports: list[StoredReport], counters: dict[str, int],
+                     aggregate: Aggregate | None = None) -> int:
+        """Atomically insert ``reports`` (ignoring ones already stored), raise the high-water marks, add
+        ``counters`` (plus ``accepted`` += rows inserted, ``duplicate`` += rows ignored as already stored) and the
+        statistics ``aggregate`` gives for the inserted reports (without ``aggregate`` their (round, stream) pairs
+        are marked stale). Returns the number of rows inserted."""
+
+    @abstractmethod
+    def aggregates(self, round_id: str, stream: str) -> Statistics | None:
+        """The stream's statistics summed over writers; None when stale or nothing is aggregated."""
+
+    @abstractmethod
+    def rebuild_aggregates(self, round_id: str, stream: str,
+                           compute: Callable[[list[str]], Statistics]) -> tuple[Statistics | None, Statistics]:
+        """Recompute a stream's statistics from its stored bodies (``compute(bodies)``) with writes held off,
+        replace the stored ones and clear the stale mark: (the statistics before, or None, and after)."""
+
+    @abstractmethod
+    def stale_aggregates(self) -> set[tuple[str, str]]:
+        """(round_id, stream) pairs whose aggregates must be rebuilt before they are used."""
 
     @abstractmethod
     def stored_sig(self, device_id: str, seq: int) -> str | None:
@@ -199,12 +237,21 @@ class _SQLStore(Store):
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._lock = threading.RLock()
+        self._writer = secrets.token_hex(8)
         with self._lock:
             cur = self._conn.cursor()
+            fresh = not self._has_table(cur, "aggregates")
             for stmt in SCHEMA:
                 cur.execute(stmt)
             self._migrate(cur)
+            if fresh:  # reports stored before aggregates existed: estimated from their reports until rebuilt
+                cur.execute("INSERT INTO aggregates_stale (round_id, stream) SELECT DISTINCT round_id, stream "
+                            "FROM reports")
             self._conn.commit()
+
+    def _has_table(self, cur: Any, name: str) -> bool:
+        cur.execute("SELECT to_regclass(%s)", (name,))
+        return cur.fetchone()[0] is not None
 
     def _migrate(self, cur: Any) -> None:
         """Bring a database created by an older version up to :data:`SCHEMA` (the devices' contract column)."""
@@ -308,7 +355,8 @@ class _SQLStore(Store):
                           (round_id,))
         return dict(zip(_ROUND_COLUMNS, rows[0])) if rows else None
 
-    def commit_batch(self, reports: list[StoredReport], counters: dict[str, int]) -> int:
+    def commit_batch(self, reports: list[StoredReport], counters: dict[str, int],
+                     aggregate: Aggregate | None = None) -> int:
         hwm: dict[str, int] = {}
         for r in reports:
             if r.seq > hwm.get(r.device_id, -1):
@@ -319,19 +367,20 @@ class _SQLStore(Store):
             self._check_connection()
             cur = self._conn.cursor()
             try:
-                inserted = 0
+                stored = self._insert_reports(cur, reports, exact=False)
+                if stored is None:  # some were stored already: redo one by one to know which ones this inserts
+                    self._conn.rollback()
+                    cur = self._conn.cursor()
+                    stored = self._insert_reports(cur, reports, exact=True)
+                inserted = len(stored)  # type: ignore[arg-type]
                 if reports:
-                    cur.executemany(
-                        self._q(f"INSERT INTO reports ({', '.join(_REPORT_COLUMNS)}) VALUES "
-                                f"({', '.join('?' * len(_REPORT_COLUMNS))}) ON CONFLICT DO NOTHING"),
-                        [r.as_tuple() for r in reports],
-                    )
-                    inserted = max(cur.rowcount, 0)
                     cur.executemany(
                         self._q("INSERT INTO high_water (device_id, seq) VALUES (?, ?) ON CONFLICT (device_id) "
                                 f"DO UPDATE SET seq = {self._greatest}(high_water.seq, excluded.seq)"),
                         sorted(hwm.items()),
                     )
+                if stored:
+                    self._add_aggregates(cur, stored, aggregate)
                 adds = {k: v for k, v in counters.items() if v}
                 if inserted:
                     adds["accepted"] = adds.get("accepted", 0) + inserted
@@ -348,6 +397,86 @@ class _SQLStore(Store):
                 self._rollback()
                 raise
             return inserted
+
+    def _insert_reports(self, cur: Any, reports: list[StoredReport], exact: bool) -> list[StoredReport] | None:
+        """Insert, ignoring reports already stored: the inserted ones, or None when ``exact`` is False and some
+        were ignored (one ``executemany`` cannot say which)."""
+        if not reports:
+            return []
+        sql = self._q(f"INSERT INTO reports ({', '.join(_REPORT_COLUMNS)}) VALUES "
+                      f"({', '.join('?' * len(_REPORT_COLUMNS))}) ON CONFLICT DO NOTHING")
+        if not exact:
+            cur.executemany(sql, [r.as_tuple() for r in reports])
+            return reports if cur.rowcount == len(reports) else None
+        stored = []
+        for r in reports:  # only after a conflict: a redelivery or a race between workers
+            cur.execute(sql, r.as_tuple())
+            if cur.rowcount == 1:
+                stored.append(r)
+        return stored
+
+    def _add_aggregates(self, cur: Any, stored: list[StoredReport], aggregate: Aggregate | None) -> None:
+        if aggregate is None:
+            pairs = sorted({(r.round_id, r.stream) for r in stored})
+            cur.executemany(self._q("INSERT INTO aggregates_stale (round_id, stream) VALUES (?, ?) "
+                                    "ON CONFLICT DO NOTHING"), pairs)
+            return
+        try:
+            deltas = aggregate(stored)
+        except (ValueError, TypeError, KeyError, IndexError):  # never lose a batch for its statistics: rebuild later
+            return self._add_aggregates(cur, stored, None)
+        for (round_id, stream), delta in sorted(deltas.items(), key=itemgetter(0)):
+            cur.execute(self._q("SELECT stats FROM aggregates WHERE round_id = ? AND stream = ? AND writer = ?"),
+                        (round_id, stream, self._writer))
+            row = cur.fetchone()
+            total = delta if row is None else Statistics.from_json(json.loads(row[0])) + delta
+            cur.execute(self._q("INSERT INTO aggregates (round_id, stream, writer, n, stats) VALUES (?, ?, ?, ?, ?) "
+                                "ON CONFLICT (round_id, stream, writer) DO UPDATE SET n = excluded.n, "
+                                "stats = excluded.stats"),
+                        (round_id, stream, self._writer, total.n, json.dumps(total.to_json())))
+
+    def aggregates(self, round_id: str, stream: str) -> Statistics | None:
+        with self._lock:
+            stale = self._exec("SELECT 1 FROM aggregates_stale WHERE round_id = ? AND stream = ?", (round_id, stream))
+            rows = [] if stale else self._exec("SELECT stats FROM aggregates WHERE round_id = ? AND stream = ?",
+                                               (round_id, stream))
+        out: Statistics | None = None
+        for (text,) in rows:
+            part = Statistics.from_json(json.loads(text))
+            out = part if out is None else out + part
+        return out
+
+    def stale_aggregates(self) -> set[tuple[str, str]]:
+        return {(a, b) for a, b in self._exec("SELECT round_id, stream FROM aggregates_stale")}
+
+    def _lock_writes(self, cur: Any) -> None:
+        """Hold off other writers of reports until this transaction ends."""
+        cur.execute("LOCK TABLE reports IN SHARE ROW EXCLUSIVE MODE")
+
+    def rebuild_aggregates(self, round_id: str, stream: str,
+                           compute: Callable[[list[str]], Statistics]) -> tuple[Statistics | None, Statistics]:
+        with self._lock:
+            self._check_connection()
+            cur = self._conn.cursor()
+            try:
+                self._lock_writes(cur)
+                cur.execute(self._q("SELECT stats FROM aggregates WHERE round_id = ? AND stream = ?"), (round_id, stream))
+                before: Statistics | None = None
+                for (text,) in cur.fetchall():
+                    part = Statistics.from_json(json.loads(text))
+                    before = part if before is None else before + part
+                cur.execute(self._q("SELECT body FROM reports WHERE round_id = ? AND stream = ? ORDER BY device_id"),
+                            (round_id, stream))
+                after = compute([row[0] for row in cur.fetchall()])
+                cur.execute(self._q("DELETE FROM aggregates WHERE round_id = ? AND stream = ?"), (round_id, stream))
+                cur.execute(self._q("INSERT INTO aggregates (round_id, stream, writer, n, stats) VALUES (?, ?, ?, ?, ?)"),
+                            (round_id, stream, self._writer, after.n, json.dumps(after.to_json())))
+                cur.execute(self._q("DELETE FROM aggregates_stale WHERE round_id = ? AND stream = ?"), (round_id, stream))
+                self._conn.commit()
+            except BaseException:
+                self._rollback()
+                raise
+            return before, after
 
     def stored_sig(self, device_id: str, seq: int) -> str | None:
         rows = self._exec("SELECT sig FROM reports WHERE device_id = ? AND seq = ?", (device_id, seq))
@@ -406,6 +535,13 @@ class SQLiteStore(_SQLStore):
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=30000")
         super().__init__(conn)
+
+    def _has_table(self, cur: Any, name: str) -> bool:
+        cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+        return cur.fetchone() is not None
+
+    def _lock_writes(self, cur: Any) -> None:
+        cur.execute("BEGIN IMMEDIATE")  # the database's write lock, held to the commit
 
     def _migrate(self, cur: Any) -> None:
         cur.execute("PRAGMA table_info(devices)")

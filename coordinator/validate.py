@@ -51,6 +51,7 @@ import json
 import logging
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ from coordinator.decode import StreamDecoder
 from protocols.contract import RoundParams, StreamSpec, body_row, parse_round_params
 from coordinator.store import STORE_ERRORS, Store, StoredReport
 from protocols import wire
+from protocols.catalogue import Statistics
 from protocols.errors import RejectReason
 
 __all__ = ["Validator", "REASONS", "DUPLICATE", "AUTHENTIC_REJECTIONS", "per_device_counters"]
@@ -340,6 +342,23 @@ class Validator:
         except ValueError as exc:
             raise wire.WireError("bad_body", str(exc)) from None
         return report, spec, row
+
+    def statistics(self, reports: Sequence[StoredReport]) -> dict[tuple[str, str], Statistics]:
+        """The sufficient statistics (:meth:`protocols.catalogue.Entry.statistics`) of accepted reports, per round
+        and stream: the ``aggregate`` function of :meth:`coordinator.store.Store.commit_batch`. ValueError when a
+        group cannot be decoded (the store then marks it for a rebuild instead)."""
+        groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for r in reports:
+            groups[(r.round_id, r.stream)].append(r.body)
+        out: dict[tuple[str, str], Statistics] = {}
+        for (round_id, stream), bodies in groups.items():
+            spec = self._round(round_id).params.streams[stream]
+            dec = self._decoder(round_id, stream, spec)
+            decoded = dec.from_bodies(bodies)
+            if decoded.dropped:
+                raise ValueError(f"{decoded.dropped} accepted bodies of {round_id}/{stream} do not decode")
+            out[(round_id, stream)] = dec.entry.statistics(dec.mechanism, decoded.reports)
+        return out
 
     def _decoder(self, round_id: str, stream: str, spec: StreamSpec) -> StreamDecoder:
         """The round's stream decoder (its mechanism built once per round and stream; ValueError if it cannot be)."""

@@ -176,7 +176,7 @@ class DimensionConfig(_Model):
 class StreamConfig(_Model):
     """A privatized report: one dimension, or a group of numeric dimensions under one vector mechanism.
 
-    ``mechanism`` is a registry name (``protocols.registry``) or ``"auto"`` (the lower-variance choice, see
+    ``mechanism`` is a catalogue name (``protocols.catalogue``) or ``"auto"`` (the lower-variance choice, see
     :func:`edge_agent.plans.choose_mechanism`); ``params`` are extra constructor arguments. ``epsilon`` is
     charged once per *new* memo entry (a memo hit costs 0); longitudinal mechanisms declare ``epsilon_1`` (one
     report) and ``epsilon_inf`` (the memoized part, which is what the ledger charges).

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from protocols import registry
+from protocols import catalogue
 from protocols.base import os_rng
 from protocols.contract import StreamSpec, heavy_hitter_items
 from protocols.errors import InvalidRecord, SpecMismatch
-from protocols.memo_key import memo_key
+from protocols.memo_key import canonical_value, memo_key
 
 from .config import AgentConfig
 from .plans import StreamPlan, build_stream_plan
@@ -146,7 +146,7 @@ class Pipeline:
                 if was_rounded:
                     rounded.append(d.name)
             else:
-                canon = ["x", x]
+                canon = canonical_value(x)
             values[d.name] = x
             canonical[d.name] = canon
             normalised[d.name] = min(1.0, max(-1.0, 2.0 * (x - lo) / (hi - lo) - 1.0))
@@ -171,7 +171,7 @@ class Pipeline:
                 continue
             rnd = self._rounding.get(d.name)
             if step is None or rnd is None:  # the round asks for the exact value (or the dimension never rounds)
-                y, canon[j] = x, ["x", x]
+                y, canon[j] = x, canonical_value(x)
             else:
                 y, canon[j] = rnd.round_with(x, step)
             lo, hi = float(d.lo), float(d.hi)  # type: ignore[arg-type]
@@ -193,15 +193,10 @@ class Pipeline:
         return np.asarray([t], dtype=float) if hasattr(plan.mechanism, "d") else np.asarray(t, dtype=float)
 
     def _body_maker(self, plan: StreamPlan, x: np.ndarray) -> Callable[[], dict[str, Any]]:
+        codec = catalogue.entry(plan.mechanism_name)
+
         def make_body() -> dict[str, Any]:
-            out = plan.mechanism.privatize(x, self.rng)
-            to_wire = getattr(plan.mechanism, "to_wire", None)
-            if callable(to_wire):
-                body = to_wire(out[0] if not isinstance(out, tuple) else tuple(o[0] for o in out))
-                return body if isinstance(body, dict) else {"report": body}
-            if isinstance(out, tuple):
-                return {"report": [registry.row_to_json(o[0]) for o in out]}
-            return {"report": registry.row_to_json(np.asarray(out)[0])}
+            return {"report": codec.encode_row(plan.mechanism, np.asarray(plan.mechanism.privatize(x, self.rng))[0])}
 
         return make_body
 
@@ -229,7 +224,7 @@ class Pipeline:
 
         def make_body() -> dict[str, Any]:
             rep = pending.pop() if pending else client.report(value)
-            return {"report": registry.row_to_json(np.asarray(rep.report))}
+            return {"report": catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report)}
 
         return str(first.memo_key), make_body
 
@@ -360,7 +355,7 @@ class Pipeline:
             start = saved["start"]  # type: ignore[index]
         rep = client.report(int(record.values[plan.dimensions[0].name]))
         state = {"spec": plan.spec, "start": start, "client": client.to_state()}
-        body = {"report": registry.row_to_json(np.asarray(rep.report))}
+        body = {"report": catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report)}
 
         def committed() -> None:
             self._trees[plan.name] = state

@@ -25,21 +25,16 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from protocols import registry, wire
-from protocols.contract import CHANGE_BOUNDED, LONGITUDINAL_PROTOCOLS, HeavyHitterSpec, StreamSpec
+from protocols import catalogue, wire
+from protocols.catalogue import Family, Role
+from protocols.contract import HeavyHitterSpec, StreamSpec
 from protocols.errors import ConfigError
 
 from .config import AgentConfig, DimensionConfig, StreamConfig
 
-__all__ = ["AUTO_CANDIDATES", "StreamPlan", "privacy_statement", "choose_mechanism", "build_stream_plan", "stream_specs"]
+__all__ = ["StreamPlan", "privacy_statement", "choose_mechanism", "build_stream_plan", "stream_specs"]
 
 
-#: what the ``auto`` policy can pick (:func:`protocols.pipeline.choose_mechanism` compares them), by stream shape
-AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
-    "categorical": ("grr", "oue", "olh"),
-    "scalar": ("hybrid", "duchi_md", "haar"),
-    "vector": ("ksampling", "duchi_md", "haar"),
-}
 
 
 
@@ -87,7 +82,7 @@ class StreamPlan:
     @property
     def change_bounded(self) -> bool:
         """A DDRM stream: cost grows with the value's changes (up to a declared budget), not with the reports."""
-        return self.mechanism_name in CHANGE_BOUNDED
+        return Role.CHANGE_BOUNDED in catalogue.entry(self.mechanism_name).roles
 
     @property
     def kind(self) -> str:
@@ -98,7 +93,7 @@ class StreamPlan:
 
     @property
     def longitudinal(self) -> bool:
-        return self.mechanism_name in LONGITUDINAL_PROTOCOLS
+        return catalogue.entry(self.mechanism_name).family is Family.LONGITUDINAL
 
     @property
     def spec_kind(self) -> str:
@@ -174,7 +169,7 @@ def _init_parameters(cls: type) -> frozenset[str]:
 
 
 def _constructor_params(name: str, stream: StreamConfig, dims: tuple[DimensionConfig, ...], epsilon: float) -> dict[str, Any]:
-    accepted = _init_parameters(registry.mechanism_class(name))
+    accepted = _init_parameters(catalogue.mechanism_class(name))
     params: dict[str, Any] = {"epsilon": epsilon}
     if dims[0].kind == "categorical":
         if "k" in accepted:
@@ -206,25 +201,24 @@ def _auto_choice(epsilon: float, d: int, query: str, k: int | None) -> tuple[str
     if ch.name == "ksampling" and d == 1:  # k-sampling of one coordinate is its base mechanism itself
         base = str(ch.params.get("base", "hybrid"))
         params: dict[str, Any] = {"epsilon": float(epsilon)}
-        return base, wire.canonical_json(params).decode(), registry.build(base, **params)
+        return base, wire.canonical_json(params).decode(), catalogue.build(base, **params)
     return ch.name, wire.canonical_json(ch.params).decode(), ch.mechanism
 
 
 def _longitudinal_protocol(stream: StreamConfig, dims: tuple[DimensionConfig, ...]) -> tuple[str, dict[str, Any], Any]:
-    from protocols.longitudinal import protocol_from_params
-
     name = stream.mechanism
-    if name not in LONGITUDINAL_PROTOCOLS:
+    allowed = catalogue.names(Role.STREAM, Family.LONGITUDINAL)
+    if name not in allowed:
         raise ConfigError(
             f"stream {stream.name!r}: longitudinal streams need an explicit mechanism name, one of "
-            f"{', '.join(LONGITUDINAL_PROTOCOLS)} (got {name!r})"
+            f"{', '.join(allowed)} (got {name!r})"
         )
     if dims[0].kind != "categorical" or len(dims) != 1:
         raise ConfigError(f"stream {stream.name!r}: a longitudinal stream has one categorical dimension")
     params = {"epsilon_inf": stream.epsilon_inf, "epsilon_1": stream.epsilon_1, "k": dims[0].domain_size,
               **stream.params}
     try:
-        proto = protocol_from_params(LONGITUDINAL_PROTOCOLS[name], params)
+        proto = catalogue.entry(name).cls(**params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"stream {stream.name!r}: mechanism {name!r}: bad parameters: {exc}") from None
     return name, proto.params(), proto
@@ -261,15 +255,15 @@ def choose_mechanism(
     kind = "categorical" if dims[0].kind == "categorical" else ("vector" if len(dims) > 1 else "scalar")
     if stream.longitudinal:
         return _longitudinal_protocol(stream, dims)
-    if stream.mechanism in CHANGE_BOUNDED:
+    if stream.mechanism in catalogue.names(Role.CHANGE_BOUNDED):
         return _change_bounded_protocol(stream, dims, epsilon)
-    if stream.mechanism in LONGITUDINAL_PROTOCOLS:
+    if stream.mechanism in catalogue.names(Role.STREAM, Family.LONGITUDINAL):
         raise ConfigError(f"stream {stream.name!r}: mechanism {stream.mechanism!r} needs epsilon_1 and epsilon_inf")
     if stream.mechanism != "auto":
         name = stream.mechanism
         try:
             params = _constructor_params(name, stream, dims, epsilon)
-            mech = registry.build(name, **params)
+            mech = catalogue.build(name, **params)
         except (ValueError, ImportError, AttributeError) as exc:
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r}: {exc}") from None
         if kind == "vector" and getattr(mech, "d", len(dims)) != len(dims):
@@ -312,7 +306,7 @@ def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
         epsilon=epsilon,
         cap=cfg.stream_cap(stream),
         epsilon_1=float(stream.epsilon_1) if stream.longitudinal else (  # type: ignore[arg-type]
-            epsilon if name in CHANGE_BOUNDED else None),
+            epsilon if name in catalogue.names(Role.CHANGE_BOUNDED) else None),
         delta=delta,
         unit=cfg.stream_unit(stream),
         memoize=cfg.stream_memoizes(stream),

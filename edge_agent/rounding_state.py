@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from protocols.base import os_rng
-from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector
+from protocols.memo_key import canonical_value
+from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, epoch_plan
 
 from .config import DimensionConfig
 
@@ -56,25 +57,17 @@ class DimensionRounding:
         """Update the window with x (already clipped); return (value, canonical form, rounded?)."""
         self.detector.update([x])
         before = self.epochs.current.epoch if self.epochs.current is not None else None
-        warming_up = len(self.detector.values()) <= self.detector.window
-        if before is None and warming_up:
-            plan = None  # first life epoch: plan only once the window is full (scores of 1-2 values mean nothing)
-        else:
-            try:
-                plan = self.epochs.plan(self.index, self.detector.scores)
-            except ValueError:
-                plan = self.epochs.current  # index behind a restored plan (clock/crash): keep the plan
+        # none while the first window fills; an index behind a restored plan (clock/crash) keeps the plan
+        plan = epoch_plan(self.epochs, self.detector, self.index)
         self.index += 1
         if plan is not None and before != plan.epoch:  # a new epoch plan: persist it (with the reading index)
             self.dirty = True
         # (while the first window fills there is no plan to keep: the reading index alone is not written each
         # reading — after a restart the window refills anyway, and epochs count from the last index written)
         if plan is not None and bool(plan.volatile[0]):
-            step = float(plan.steps[0])
-            gi = int(self.rounder.grid_index([x], plan.steps)[0])  # type: ignore[union-attr]
-            y = min(self.rounder.lo[0] + gi * step, self.rounder.hi[0])  # type: ignore[union-attr]
-            return float(y), ["g", int(plan.exponents[0]), gi], True
-        return x, ["x", float(x)], False
+            gi, y = self.rounder.round_in_bounds([x], plan.steps)  # type: ignore[union-attr]
+            return float(y[0]), canonical_value(exponent=int(plan.exponents[0]), grid_index=int(gi[0])), True
+        return x, canonical_value(x), False
 
     def round_with(self, x: float, step: float) -> tuple[float, list[Any]]:
         """α-round x (clipped) with a step a round asks for, using the life-long offset u.
@@ -84,8 +77,8 @@ class DimensionRounding:
         """
         rounder = self.rounder
         assert rounder is not None
-        gi = int(rounder.grid_index([x], [step])[0])
-        y = float(min(rounder.lo[0] + gi * step, rounder.hi[0]))
+        index, value = rounder.round_in_bounds([x], [step])
+        gi, y = int(index[0]), float(value[0])
         base = (float(rounder.hi[0]) - float(rounder.lo[0])) / self.epochs.k_base
         m = round(math.log2(step / base)) if step >= base * (1 - 1e-9) else -1
         if m >= 0 and math.isclose(base * 2.0**m, step, rel_tol=1e-9):

@@ -26,6 +26,7 @@ Delivery contract (at-least-once, in order):
   version (CONNACK "unsupported protocol version" / 3.1.1 return code 1, or a closed connection before any
   CONNACK, twice in a row), or leaves an open TCP connection without any CONNACK for ``CONNACK_TIMEOUT`` seconds
   (amqtt, a 3.1.1-only broker, neither answers nor closes an MQTT 5 CONNECT that carries properties).
+  The client, the session settings and the fall-back rule are :mod:`protocols.mqtt`'s.
 """
 
 from __future__ import annotations
@@ -33,17 +34,16 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import ssl
 import threading
 import time
 from collections import deque
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from protocols import wire
+from protocols.mqtt import (FALLBACK_AFTER, first_protocol, may_fall_back, new_client, protocol_name, refuses_mqtt5,
+                            session_connect_args, should_fall_back)
 
 from .config import MqttConfig
 from .state import OutboxRow
@@ -52,7 +52,6 @@ __all__ = ["MqttTransport"]
 
 log = logging.getLogger("haarvest.agent.transport")
 
-_UNSUPPORTED_VERSION = {1, 0x84, 132}
 #: PUBACK reason codes after which the broker will never accept the message as it is: the row is rejected.
 _FINAL_REFUSALS = {0x87, 0x90, 0x95, 0x99}
 #: seconds an open TCP connection may go without CONNACK before ``auto`` treats it as a refusal of MQTT 5
@@ -66,7 +65,7 @@ class MqttTransport:
         self.cfg = cfg
         self.device_id = device_id
         self.wake = wake or threading.Event()
-        self.protocol = mqtt.MQTTv311 if cfg.protocol == "3.1.1" else mqtt.MQTTv5
+        self.protocol = first_protocol(cfg.protocol)
         self._acks: deque[tuple[int, int]] = deque()  # (mid, PUBACK reason code)
         self._receipts: deque[wire.Receipt] = deque()
         self._awaiting: dict[int, float] = {}  # seq → when to re-send it (PUBACKed, not receipted)
@@ -93,27 +92,22 @@ class MqttTransport:
 
     def _make_client(self) -> mqtt.Client:
         cfg = self.cfg
-        client = mqtt.Client(
-            callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-            client_id=cfg.client_id or self.device_id,
-            protocol=self.protocol,
-            clean_session=False if self.protocol == mqtt.MQTTv311 else None,
+        password = cfg.password_file.read_text().strip() if cfg.username and cfg.password_file else None
+        client = new_client(
+            cfg.client_id or self.device_id,
+            self.protocol,
+            persistent=True,
+            username=cfg.username,
+            password=password,
+            tls=cfg.tls,
+            ca_certs=str(cfg.ca_file) if cfg.ca_file else None,
+            certfile=str(cfg.cert_file) if cfg.cert_file else None,
+            keyfile=str(cfg.key_file) if cfg.key_file else None,
             reconnect_on_failure=True,
         )
         client.max_inflight_messages_set(cfg.max_inflight)
         client.max_queued_messages_set(0)
         client.reconnect_delay_set(cfg.reconnect_min_s, cfg.reconnect_max_s)
-        if cfg.tls:
-            client.tls_set(
-                ca_certs=str(cfg.ca_file) if cfg.ca_file else None,
-                certfile=str(cfg.cert_file) if cfg.cert_file else None,
-                keyfile=str(cfg.key_file) if cfg.key_file else None,
-                cert_reqs=ssl.CERT_REQUIRED,
-                tls_version=ssl.PROTOCOL_TLS_CLIENT,
-            )
-        if cfg.username:
-            password = cfg.password_file.read_text().strip() if cfg.password_file else None
-            client.username_pw_set(cfg.username, password)
         client.will_set(
             wire.status_topic(self.device_id),
             json.dumps({"device_id": self.device_id, "state": "offline", "clean": False}),
@@ -134,12 +128,7 @@ class MqttTransport:
         self._connack_seen = False
         self._started_at = time.monotonic()
         self._client = self._make_client()
-        props = None
-        kwargs: dict[str, Any] = {}
-        if self.protocol == mqtt.MQTTv5:
-            props = Properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = int(self.cfg.session_expiry_s)
-            kwargs = {"clean_start": False, "properties": props}
+        kwargs = session_connect_args(self.protocol, self.cfg.session_expiry_s)
         self._client.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive, **kwargs)
         self._client.loop_start()
 
@@ -186,8 +175,8 @@ class MqttTransport:
         if getattr(reason, "is_failure", False) or (isinstance(code, int) and code != 0):
             log.warning("mqtt connect refused", extra={"event": "mqtt_refused", "reason": str(reason)})
             self.link = ("disconnected", time.time(), f"refused: {reason}")
-            if self.cfg.protocol == "auto" and self.protocol == mqtt.MQTTv5 and code in _UNSUPPORTED_VERSION:
-                self._version_failures += 2
+            if may_fall_back(self.cfg.protocol, self.protocol) and refuses_mqtt5(reason):
+                self._version_failures += FALLBACK_AFTER  # a refusal of the version: fall back at once
                 self.wake.set()
             return
         self._version_failures = 0
@@ -206,7 +195,7 @@ class MqttTransport:
         log.info(
             "mqtt connected",
             extra={"event": "mqtt_connected", "session_present": bool(getattr(flags, "session_present", False)),
-                   "protocol": "5" if self.protocol == mqtt.MQTTv5 else "3.1.1"},
+                   "protocol": protocol_name(self.protocol)},
         )
         self.wake.set()
 
@@ -228,7 +217,7 @@ class MqttTransport:
         self.connected.clear()
         if was or self.link[0] == "connecting":
             self.link = ("disconnected", time.time(), str(reason))
-        if not was and self.cfg.protocol == "auto" and self.protocol == mqtt.MQTTv5 and not self._stopping:
+        if not was and may_fall_back(self.cfg.protocol, self.protocol) and not self._stopping:
             self._version_failures += 1  # closed before any CONNACK: maybe a 3.1.1-only broker
         if was:
             self.disconnects += 1
@@ -259,12 +248,12 @@ class MqttTransport:
 
     def maybe_fallback(self) -> bool:
         """Switch to MQTT 3.1.1 after repeated protocol-version failures (agent thread). True if it switched."""
-        if self.cfg.protocol != "auto" or self.protocol != mqtt.MQTTv5:
+        if not may_fall_back(self.cfg.protocol, self.protocol):
             return False
         client = self._client
         silent = (client is not None and not self._connack_seen and client.socket() is not None
                   and time.monotonic() - self._started_at > CONNACK_TIMEOUT)
-        if self._version_failures >= 2 or silent:
+        if should_fall_back(self._version_failures, silent):
             log.warning("broker refuses MQTT 5; falling back to 3.1.1", extra={"event": "mqtt_fallback"})
             old = self._client
             self._client = None

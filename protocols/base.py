@@ -199,11 +199,14 @@ class FrequencyOracle(Mechanism):
         """Number of users represented by ``reports``."""
 
     def estimate(self, reports: np.ndarray) -> np.ndarray:
-        n = self.n_reports(reports)
-        if n == 0:
+        return self.estimate_counts(self.support_counts(reports), self.n_reports(reports))
+
+    def estimate_counts(self, counts: Any, n: int) -> np.ndarray:
+        """``f̂_v = (C_v/n − q)/(p − q)`` from the support counts of n reports: the counts and n are the oracle's
+        sufficient statistics (additive over reports, so a coordinator keeps them as reports arrive)."""
+        if n <= 0:
             raise ValueError("cannot estimate frequencies from zero reports")
-        counts = self.support_counts(reports)
-        return (counts / n - self.q) / (self.p - self.q)
+        return (np.asarray(counts, dtype=float) / n - self.q) / (self.p - self.q)
 
     def variance(self, f: Any = 0.0) -> Any:
         """Per-user variance of f̂_v at true frequency f: ``(q(1-q) + f(p-q)(1-p-q)) / (p-q)^2``.

@@ -14,9 +14,10 @@ depends only on pydantic, numpy and :mod:`protocols.wire` (see docs/coordinator.
 
 **Report body.** A device's :class:`protocols.wire.Report` for stream ``s`` of round ``r`` carries
 ``mechanism = StreamSpec.wire_mechanism`` and ``body = {"report": ROW}`` where ROW is
-``protocols.registry.row_to_json`` of one row of the mechanism's ``privatize`` output (a scalar or a list).
-For ``kind == "haar"`` ROW is ``{"mean": y, "detail": [z_1 … z_{D-1}]}`` (``HaarRecord.to_wire``); for
+``protocols.catalogue.entry(mechanism).encode_row`` of one row of the mechanism's ``privatize`` output (a scalar
+or a list). For ``kind == "haar"`` ROW is ``{"mean": y, "detail": [z_1 … z_{D-1}]}``; for
 ``kind == "longitudinal"`` it is the protocol client's report (L-GRR: the reported symbol; LOLOHA: ``[seed, y]``).
+The coordinator decodes with the same catalogue entry (``StreamSpec.entry``).
 
 **Bounds are the device's.** A device refuses a stream of a round whose ``dims`` or ``bounds`` differ from the
 dimensions it declares (it never adopts a round's bounds: its clipping, α-rounding state and memo keys are tied to
@@ -37,8 +38,8 @@ goes through the mean mechanism with ε_m = split·ε and the D-1 details throug
 ε_c = ε - ε_m. The older form with explicit ``mean`` and ``detail`` mechanism specs is still accepted and converted
 (:func:`haar_params_from_components`).
 
-**Longitudinal streams** (SPEC §3.9–3.10). ``mechanism`` is a key of :data:`LONGITUDINAL_PROTOCOLS` (``lgrr``,
-``loloha``), ``params`` the protocol's constructor arguments (``epsilon_inf``, ``epsilon_1``, ``k`` [, ``g``]);
+**Longitudinal streams** (SPEC §3.9–3.10). ``mechanism`` is a longitudinal catalogue name (``lgrr``,
+``loloha``, ``ddrm``), ``params`` the protocol's constructor arguments (``epsilon_inf``, ``epsilon_1``, ``k`` [, ``g``]);
 one categorical dimension. A report costs at most ε∞ (a new memo slot), which is what :attr:`StreamSpec.epsilon`
 counts towards the round's ε.
 
@@ -60,13 +61,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
+from protocols import catalogue
 from protocols.wire import IDENT
 
 __all__ = [
     "BODY_KEY",
     "HAAR_MECHANISM",
-    "LONGITUDINAL_PROTOCOLS",
-    "CHANGE_BOUNDED",
     "haar_params_from_components",
     "StreamKind",
     "MechanismSpec",
@@ -86,13 +86,6 @@ BODY_KEY = "report"
 #: ``Report.mechanism`` of a Haar-record stream.
 HAAR_MECHANISM = "haar"
 
-#: Wire names of the longitudinal protocols a stream may use → :mod:`protocols.longitudinal` protocol names.
-LONGITUDINAL_PROTOCOLS: dict[str, str] = {"lgrr": "L-GRR", "loloha": "LOLOHA", "ddrm": "DDRM-k"}
-#: change-bounded longitudinal protocols: charged by the tree's released nodes up to a change budget (device unit)
-CHANGE_BOUNDED = ("ddrm",)
-#: Mean / detail mechanisms of :class:`protocols.pipeline.HaarRecord` (for converting the component form).
-_HAAR_MEAN = ("pdp", "piecewise", "hybrid", "duchi")
-_HAAR_DETAIL = ("ksampling", "duchi_md")
 
 StreamKind = Literal["numeric", "vector", "frequency", "haar", "longitudinal"]
 
@@ -102,7 +95,7 @@ class _Model(BaseModel):
 
 
 class MechanismSpec(_Model):
-    """A mechanism by registry name (:mod:`protocols.registry`) and its constructor parameters."""
+    """A mechanism by catalogue name (:mod:`protocols.catalogue`) and its constructor parameters."""
 
     mechanism: str = Field(pattern=IDENT)
     params: dict[str, Any] = Field(default_factory=dict)
@@ -201,11 +194,12 @@ def haar_params_from_components(mean: MechanismSpec, detail: MechanismSpec, d: i
     ε = ε_m + ε_c and ``split = ε_m/ε``; the mean mechanism must be one of PDP/PM/HM/Duchi with only ``epsilon``,
     the detail mechanism k-sampling (HM base) or Duchi multi-dim over ``d = D - 1`` coordinates.
     """
-    if mean.mechanism not in _HAAR_MEAN or set(mean.params) != {"epsilon"}:
-        raise ValueError(f"a haar mean mechanism is one of {_HAAR_MEAN} with only 'epsilon'")
+    means, details = catalogue.names(catalogue.Role.HAAR_MEAN), catalogue.names(catalogue.Role.HAAR_DETAIL)
+    if mean.mechanism not in means or set(mean.params) != {"epsilon"}:
+        raise ValueError(f"a haar mean mechanism is one of {means} with only 'epsilon'")
     extra = set(detail.params) - {"epsilon", "d", "base"}
-    if detail.mechanism not in _HAAR_DETAIL or extra or detail.params.get("base", "hybrid") != "hybrid":
-        raise ValueError(f"a haar detail mechanism is one of {_HAAR_DETAIL} (k-sampling with the hybrid base)")
+    if detail.mechanism not in details or extra or detail.params.get("base", "hybrid") != "hybrid":
+        raise ValueError(f"a haar detail mechanism is one of {details} (k-sampling with the hybrid base)")
     if int(detail.params.get("d", -1)) != _padded(d) - 1:
         raise ValueError(f"the haar detail mechanism of {d} dims has d = {_padded(d) - 1}")
     eps_m, eps_c = mean.epsilon, detail.epsilon
@@ -271,8 +265,9 @@ class StreamSpec(_Model):
         elif self.mechanism is None:
             raise ValueError(f"a {self.kind} stream needs a 'mechanism'")
         if self.kind == "longitudinal":
-            if self.mechanism not in LONGITUDINAL_PROTOCOLS:
-                raise ValueError(f"longitudinal mechanisms: {', '.join(LONGITUDINAL_PROTOCOLS)}")
+            allowed = catalogue.names(catalogue.Role.STREAM, catalogue.Family.LONGITUDINAL)
+            if self.mechanism not in allowed:
+                raise ValueError(f"longitudinal mechanisms: {', '.join(allowed)}")
             if len(self.dims) != 1:
                 raise ValueError("a longitudinal stream has exactly one (categorical) dimension")
             if "epsilon_inf" not in self.params or "k" not in self.params:
@@ -317,20 +312,16 @@ class StreamSpec(_Model):
         key = "epsilon_inf" if self.kind == "longitudinal" else "epsilon"
         return float(self.params.get(key, 0.0))
 
+    @property
+    def entry(self) -> catalogue.Entry:
+        """The stream mechanism's catalogue entry."""
+        return catalogue.entry(self.wire_mechanism)
+
     def build(self) -> Any:
-        """The mechanism object both sides use: ``protocols.registry.build(mechanism, **params)`` (HaarRecord for
-        haar streams), or the :mod:`protocols.longitudinal` protocol for longitudinal streams. ValueError on bad
+        """The mechanism object both sides use: ``protocols.catalogue.build(mechanism, **params)`` (HaarRecord for
+        haar streams, the :mod:`protocols.longitudinal` protocol for longitudinal ones). ValueError on bad
         parameters."""
-        if self.kind == "longitudinal":
-            from protocols.longitudinal import protocol_from_params
-
-            try:
-                return protocol_from_params(LONGITUDINAL_PROTOCOLS[str(self.mechanism)], dict(self.params))
-            except TypeError as exc:
-                raise ValueError(f"bad parameters for {self.mechanism!r}: {exc}") from None
-        from protocols import registry
-
-        return registry.build(self.wire_mechanism, **self.params)
+        return self.entry.build(**self.params)
 
     def lo_hi(self) -> tuple[np.ndarray, np.ndarray]:
         if self.bounds is None:
@@ -444,16 +435,11 @@ def denormalise(t: Any, lo: Any, hi: Any) -> np.ndarray:
 
 
 def heavy_hitter_items(spec: HeavyHitterSpec, values: Any) -> np.ndarray:
-    """Vectorised map from values in ``[0, 2^bits)`` to this round's oracle items (see :class:`HeavyHitterSpec`)."""
+    """Vectorised map from values in ``[0, 2^bits)`` to this round's oracle items (see :class:`HeavyHitterSpec`):
+    :func:`protocols.heavy_hitters.prefix_items` of the spec's candidates, the catch-all item being ``k - 1``."""
+    from protocols.heavy_hitters import prefix_items  # here: at import, the contract needs only pydantic, numpy, wire
+
     v = np.asarray(values, dtype=np.int64)
     if v.size and (v.min() < 0 or v.max() >= (1 << spec.bits)):
         raise ValueError(f"values must lie in [0, 2^{spec.bits})")
-    prefix = v >> (spec.bits - spec.prefix_bits)
-    nxt = (v >> (spec.bits - spec.prefix_bits - spec.step_bits)) & ((1 << spec.step_bits) - 1)
-    cands = np.asarray(spec.candidates, dtype=np.int64)
-    order = np.argsort(cands)
-    sorted_c = cands[order]
-    pos = np.clip(np.searchsorted(sorted_c, prefix), 0, len(sorted_c) - 1)
-    found = sorted_c[pos] == prefix
-    idx = order[pos]
-    return np.where(found, idx * (1 << spec.step_bits) + nxt, spec.k - 1).astype(np.int64)
+    return prefix_items(v, spec.bits, spec.candidates, spec.prefix_bits, spec.step_bits)

@@ -53,13 +53,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from protocols.base import FrequencyOracle, check_epsilon, check_int
 from protocols.hashing import MAX_ITEM, hash_values
 
 __all__ = ["HeavyHitterResult", "BitwiseHeavyHitters", "PrefixExtensionHeavyHitters", "default_oracle",
-           "check_selection", "select_prefixes"]
+           "check_selection", "select_prefixes", "extend_prefixes", "prefix_items"]
 
 OracleFactory = Callable[[float, int], FrequencyOracle]
 
@@ -109,6 +108,37 @@ def select_prefixes(estimates: Any, floor: Any, top_k: int | None = None, cap: i
     keep = keep[np.argsort(-est[keep], kind="stable")]
     limit = min(x for x in (top_k, cap, keep.size) if x is not None)
     return keep[:limit]
+
+
+def extend_prefixes(kept: Any, step_bits: int) -> np.ndarray:
+    """The candidates of one extension step: each prefix of ``kept`` followed by each of the 2^step_bits bit
+    patterns, in that order — candidate ``i·2^step_bits + b`` is ``(kept[i] << step_bits) | b``."""
+    kept = np.asarray(kept, dtype=np.int64)
+    return ((kept[:, None] << step_bits) | np.arange(1 << step_bits)[None, :]).ravel()
+
+
+def prefix_items(values: Any, bits: int, kept: Any, kept_bits: int, step_bits: int) -> np.ndarray:
+    """Each value's oracle item in one prefix-extension round: the one encoding of both the simulation
+    (:meth:`PrefixExtensionHeavyHitters.encode`) and the round contract (:func:`protocols.contract.heavy_hitter_items`).
+
+    The round extends the distinct ``kept_bits``-bit prefixes ``kept`` by ``step_bits`` bits; its candidates are
+    :func:`extend_prefixes` ``(kept, step_bits)``. A value ``x`` in ``[0, 2^bits)`` whose top ``kept_bits`` bits equal
+    ``kept[i]`` maps to item ``i·2^step_bits + b``, ``b`` its next ``step_bits`` bits — the index of its
+    ``(kept_bits + step_bits)``-bit prefix among the candidates. Any other value maps to the catch-all item
+    ``len(kept)·2^step_bits`` (the number of candidates), so the round's oracle has ``len(kept)·2^step_bits + 1``
+    items. The first round is ``kept = [0]``, ``kept_bits = 0``: the item is the value's top ``step_bits`` bits.
+    Values are not range-checked here (callers do)."""
+    v = np.asarray(values, dtype=np.int64)
+    kept = np.asarray(kept, dtype=np.int64).reshape(-1)
+    catch_all = kept.size * (1 << step_bits)
+    if kept.size == 0:
+        return np.full(v.shape, catch_all, dtype=np.int64)
+    prefix = v >> (bits - kept_bits)
+    nxt = (v >> (bits - kept_bits - step_bits)) & ((1 << step_bits) - 1)
+    order = np.argsort(kept, kind="stable")
+    pos = np.minimum(np.searchsorted(kept[order], prefix), kept.size - 1)
+    idx = order[pos]
+    return np.where(kept[idx] == prefix, idx * (1 << step_bits) + nxt, catch_all).astype(np.int64)
 
 
 def _check_items(values: Any, bits: int) -> np.ndarray:
@@ -189,6 +219,8 @@ class BitwiseHeavyHitters:
 
     def detection_threshold(self, n: int, beta: float = 1e-3) -> float:
         """η such that items with f ≥ η (and light buckets) are reported w.p. ≥ 1 - β (module docstring)."""
+        from scipy import stats  # here, not at the top: the device imports this module (prefix_items), never scipy
+
         n = check_int(n, "n", 1)
         group = n / self.bits if self.split_users else n
         z = stats.norm.isf(_check_beta(beta) / (2 * self.bits * self.buckets))
@@ -262,24 +294,26 @@ class PrefixExtensionHeavyHitters:
             return np.arange(1 << self.start_bits, dtype=np.int64)
         if kept is None:
             raise ValueError("rounds after the first need the previous round's kept prefixes")
-        grow = self.prefix_lengths[r] - self.prefix_lengths[r - 1]
-        kept = np.asarray(kept, dtype=np.int64)
-        return ((kept[:, None] << grow) | np.arange(1 << grow)[None, :]).ravel()
+        return extend_prefixes(kept, self.prefix_lengths[r] - self.prefix_lengths[r - 1])
 
     def encode(self, values: np.ndarray, round_index: int, candidates: np.ndarray) -> np.ndarray:
-        """Index of each device's length-s_r prefix in ``candidates``, or len(candidates) for "not a candidate"."""
-        prefix = values >> (self.bits - self.prefix_lengths[round_index])
-        order = np.argsort(candidates, kind="stable")
-        pos = np.searchsorted(candidates[order], prefix)
-        pos = np.minimum(pos, candidates.size - 1)
-        found = candidates[order][pos] == prefix
-        return np.where(found, order[pos], candidates.size)
+        """Index of each device's length-s_r prefix in ``candidates`` (this round's :meth:`candidates`), or
+        len(candidates) for "not a candidate": :func:`prefix_items` of the kept prefixes they extend."""
+        kept_bits = self.prefix_lengths[round_index - 1] if round_index > 0 else 0
+        grow = self.prefix_lengths[round_index] - kept_bits
+        candidates = np.asarray(candidates, dtype=np.int64)
+        kept = candidates[:: 1 << grow] >> grow
+        if not np.array_equal(extend_prefixes(kept, grow), candidates):
+            raise ValueError(f"candidates must be round {round_index}'s candidate list (candidates())")
+        return prefix_items(values, self.bits, kept, kept_bits, grow)
 
     def significance_threshold(self, n_round: int, oracle: FrequencyOracle, candidates: int,
                                beta: float = 1e-3) -> tuple[float, float]:
         """(τ_r, η_r) of one round (module docstring): τ_r = z_r·sqrt(V(0)/n_r), the estimate a prefix nobody holds
         reaches with probability ≤ β/(R·|C_r|); η_r = τ_r + z_r·sqrt(V_worst/n_r), the frequency above which a
         prefix is kept with probability ≥ 1 - β/(R·|C_r|)."""
+        from scipy import stats  # here, not at the top: the device imports this module (prefix_items), never scipy
+
         n_round = max(1, int(n_round))
         z = stats.norm.isf(_check_beta(beta) / (self.rounds * max(1, int(candidates))))
         null = float(np.max(oracle.variance(0.0)))

@@ -17,7 +17,7 @@ import numpy as np
 
 from protocols import wire
 
-__all__ = ["MEMO_KEY_PREFIX", "canonical_value", "memo_key"]
+__all__ = ["MEMO_KEY_PREFIX", "canonical_value", "canonical_codes", "memo_key"]
 
 #: Domain-separation prefix of memo keys.
 MEMO_KEY_PREFIX = b"haarvest-memo-v1\n"
@@ -25,7 +25,9 @@ MEMO_KEY_PREFIX = b"haarvest-memo-v1\n"
 
 def canonical_value(value: float | None = None, *, exponent: int | None = None, grid_index: int | None = None) -> list[Any]:
     """A dimension's canonical memo-key form: ``["g", m, i]`` when rounded (step exponent m, grid index i),
-    else ``["x", value]`` (the clipped raw value) — the forms the edge agent's rounding state produces (:mod:`edge_agent.rounding_state`)."""
+    else ``["x", value]`` (the clipped raw value, ``-0.0`` as ``0.0``: one value, one key) — the one constructor of
+    the forms the edge agent (:mod:`edge_agent.rounding_state`, :mod:`edge_agent.pipeline`) and the fleet simulator
+    key on."""
     if grid_index is not None:
         if exponent is None:
             raise ValueError("a rounded value needs its step exponent")
@@ -38,12 +40,28 @@ def canonical_value(value: float | None = None, *, exponent: int | None = None, 
     return ["x", v + 0.0]  # -0.0 → 0.0
 
 
+def canonical_codes(
+    values: Any, rounded: Any, exponents: Any, grid_index: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`canonical_value` for arrays, as two int64 arrays ``(kind, code)`` of the shape of ``values``: ``(m + 1,
+    i)`` for ``["g", m, i]`` (where ``rounded``) and ``(0, the bits of v + 0.0)`` for ``["x", v]`` — one-to-one, so
+    two records have equal canonical values iff their code rows are equal. For simulations that find repeated
+    keys by hashing these rows instead of HMACing (:mod:`simulations.fleet_pipeline`)."""
+    v = np.asarray(values, dtype=float)
+    r = np.asarray(rounded, dtype=bool)
+    kind = np.where(r, np.asarray(exponents, dtype=np.int64) + 1, 0).astype(np.int64)
+    code = np.where(r, np.asarray(grid_index, dtype=np.int64), (v + 0.0).view(np.int64))
+    return kind, code.astype(np.int64)
+
+
 def memo_key(secret: bytes, stream: str, spec: str, canonical_values: list[Any]) -> str:
     """``HMAC-SHA256(secret, prefix ‖ canonical_json([stream, spec, canonical_values]))`` in hex.
 
     ``canonical_values`` lists one :func:`canonical_value` per dimension of the record (grid indices and step
-    exponents of rounded dimensions). The cache never sees raw values, only this key. The edge agent and the
-    fleet simulations (:mod:`protocols.pipeline.fleet`) both call this function, so their keys agree.
+    exponents of rounded dimensions). The cache never sees raw values, only this key. The edge agent calls this
+    function; the fleet simulator (:mod:`simulations.fleet_pipeline`) finds repeated keys from the same canonical
+    values (:func:`canonical_codes`), and tests/simulations/test_fleet_pipeline_equivalence.py checks that the keys of its
+    canonical values are the device's.
     """
     if not isinstance(secret, (bytes, bytearray)) or len(secret) < 32:
         raise ValueError("the memo secret must be at least 32 bytes")

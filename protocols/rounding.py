@@ -23,6 +23,10 @@ that jitters inside one cell without crossing ``L + (1 - u)·step`` keeps its ro
 different m nest (every point of the coarser grid is a point of the finer one). Steps are recomputed only at
 epoch boundaries (:class:`EpochSteps`).
 
+**The device's order** (per reading, after clipping): update the window, take the epoch plan (:func:`epoch_plan`:
+none until the first window is full), round the volatile dimensions (:meth:`AlphaRounder.round_in_bounds`). The edge
+agent (:mod:`edge_agent.rounding_state`) and the fleet simulator (:mod:`simulations.fleet_pipeline`) both call these.
+
 Rounded values lie in [lo, hi + step): when step does not divide hi - lo the top cell reaches past hi, and
 clipping the output back to the bounds (normalisation, SPEC §2.3) biases values in that last cell only.
 """
@@ -45,6 +49,7 @@ __all__ = [
     "AlphaRounder",
     "EpochSteps",
     "EpochPlan",
+    "epoch_plan",
 ]
 
 
@@ -83,7 +88,10 @@ def _score(w: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     if w.shape[0] < 2:
         return np.zeros(np.broadcast_shapes(w.shape[1:], lo.shape, hi.shape))
     w = np.clip(w, lo, hi)
-    steps = np.abs(np.diff(w, axis=0)).sum(axis=0)
+    # summed along a contiguous time axis for every layout, so a dimension's score is the same number whether its
+    # window is held alone (a device: one detector per dimension) or beside others (the fleet simulator's n·d
+    # columns); numpy's sum over axis 0 of a wide array adds in another order and can differ in the last bit
+    steps = np.add.reduce(np.ascontiguousarray(np.moveaxis(np.abs(np.diff(w, axis=0)), 0, -1)), axis=-1)
     return steps / ((w.shape[0] - 1) * (hi - lo))
 
 
@@ -233,6 +241,15 @@ class AlphaRounder:
         st = np.broadcast_to(_finite(steps, "steps"), (self.d,))
         return self.lo + self.grid_index(x, steps) * st
 
+    def round_in_bounds(self, x: Any, steps: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(grid index i, min(lo + i·step, hi))``: what a device reports for a rounded dimension — the index for its
+        memo key (:func:`protocols.memo_key.canonical_value`), the value clipped back to hi for normalisation (the
+        top cell reaches past hi when step does not divide hi - lo). The one rounding step of the device
+        (:mod:`edge_agent.rounding_state`) and of the fleet simulator (:mod:`simulations.fleet_pipeline`)."""
+        st = np.broadcast_to(_finite(steps, "steps"), (self.d,))
+        index = self.grid_index(x, st)
+        return index, np.minimum(self.lo + index * st, self.hi)
+
     def to_state(self) -> dict[str, Any]:
         """Plain-data state (lists of floats) for the agent to persist."""
         return {"lo": self.lo.tolist(), "hi": self.hi.tolist(), "u": self.u.tolist()}
@@ -346,3 +363,23 @@ class EpochSteps:
         except KeyError as exc:
             raise ValueError(f"EpochSteps state is missing {exc}") from None
         return obj
+
+
+def epoch_plan(epochs: EpochSteps, detector: VolatilityDetector, index: int) -> EpochPlan | None:
+    """The rounding plan for a device's reading number ``index`` (0-based, counted from its first reading), asked
+    right after ``detector.update`` with that reading: the one rule of the device (:mod:`edge_agent.rounding_state`)
+    and of the fleet simulator (:mod:`simulations.fleet_pipeline`).
+
+    * None while the first window fills (fewer than W + 1 values and no plan yet: scores of one or two values mean
+      nothing) — the device reports exact values;
+    * then :meth:`EpochSteps.plan` from the detector's scores: new steps and volatile mask only when ``index``
+      starts a new epoch;
+    * an ``index`` behind the current plan's epoch (a plan restored from persisted state after a clock change or a
+      crash) keeps the current plan.
+    """
+    if epochs.current is None and len(detector.values()) <= detector.window:
+        return None
+    try:
+        return epochs.plan(index, detector.scores)
+    except ValueError:
+        return epochs.current

@@ -72,9 +72,6 @@ __all__ = [
     "grr_fresh",
 ]
 
-_REGISTRY: dict[str, type[LongitudinalProtocol]] = {}
-
-
 @dataclass
 class FleetState:
     """Persistent state of n simulated devices (what each device would keep on disk).
@@ -123,10 +120,11 @@ def grr_fresh(z: np.ndarray, k: int, p: float, rng: np.random.Generator) -> np.n
 
 
 def protocol_from_params(name: str, params: dict[str, Any]) -> LongitudinalProtocol:
-    """Rebuild a protocol from ``protocol.name`` and ``protocol.params()``."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown longitudinal protocol {name!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**params)
+    """Rebuild a protocol from ``protocol.name`` and ``protocol.params()`` (what device state persists; the
+    protocol is found in :mod:`protocols.catalogue` by its ``name``)."""
+    from protocols.catalogue import protocol_entry
+
+    return protocol_entry(name).cls(**params)
 
 
 def client_from_state(state: dict[str, Any], rng: np.random.Generator | None = None) -> LongitudinalClient:
@@ -149,11 +147,6 @@ class LongitudinalProtocol(ABC):
     epsilon_inf: float
     epsilon_1: float
     delta: float = 0.0
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            _REGISTRY[cls.name] = cls
 
     # --- description ---------------------------------------------------------------------------------------
     @property

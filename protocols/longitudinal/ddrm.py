@@ -441,6 +441,16 @@ class CategoricalDDRM(LongitudinalProtocol):
 
     def estimate_round(self, reports: Any) -> np.ndarray:
         """f̂ = c·mean(s) from one round's rows ``[t, s_1..s_k]`` (each row decodes alone)."""
+        return self.estimate_counts(self.round_counts(reports), np.asarray(reports).shape[0])
+
+    def estimate_counts(self, counts: Any, n: int) -> np.ndarray:
+        """f̂ = c·Σs/n from the round's sums Σs (:meth:`round_counts`) of n reports."""
+        if n <= 0:
+            raise ValueError("cannot estimate frequencies from zero reports")
+        return self.c * np.asarray(counts, dtype=float) / n
+
+    def round_counts(self, reports: Any) -> np.ndarray:
+        """Sufficient statistics of a round: Σ s over its rows ``[t, s_1..s_k]`` (after the support checks)."""
         r = np.asarray(reports)
         if r.ndim != 2 or r.shape[1] != self.k + 1 or r.shape[0] == 0 or r.dtype.kind not in "iu":
             raise ValueError(f"DDRM-k reports are integer rows [t, s_1..s_{self.k}]")
@@ -450,7 +460,7 @@ class CategoricalDDRM(LongitudinalProtocol):
         mm = sum((t >> j) & 1 for j in range(self.levels))[:, None]  # popcount(t): a loop over levels only
         if np.any(np.abs(s) > mm) or np.any((s - mm) % 2):
             raise ValueError("a prefix sum outside the support of the step's ±1 bits")
-        return self.c * s.mean(axis=0)
+        return s.sum(axis=0)
 
     def privatize_round(self, values: Any, fleet: FleetState, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """n devices at once (one tree step; the tree starts at fleet.rounds = 0): reports (n, k+1), charges (n,)."""

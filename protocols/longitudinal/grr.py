@@ -77,9 +77,17 @@ class LGRR(MemoizedProtocol):
         fleet.rounds += 1
         return y, self._charge(fleet, v)
 
+    def round_counts(self, reports: Any) -> np.ndarray:
+        """Sufficient statistics of a round: how many reports name each symbol (additive over reports)."""
+        y = check_categories(reports, self.k, "reports").ravel()
+        return np.bincount(y, minlength=self.k)
+
+    def estimate_counts(self, counts: Any, n: int) -> np.ndarray:
+        return self.chain.estimate(np.asarray(counts, dtype=float), n)
+
     def estimate_round(self, reports: Any) -> np.ndarray:
         y = check_categories(reports, self.k, "reports").ravel()
-        return self.chain.estimate(np.bincount(y, minlength=self.k), y.size)
+        return self.estimate_counts(self.round_counts(y), y.size)
 
 
 class LGRRClient(MemoizedClient):

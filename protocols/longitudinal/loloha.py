@@ -143,12 +143,18 @@ class LOLOHA(MemoizedProtocol):
         fleet.rounds += 1
         return np.column_stack([seeds, y]), self._charge(fleet, h)
 
-    def estimate_round(self, reports: Any) -> np.ndarray:
+    def round_counts(self, reports: Any) -> np.ndarray:
+        """Sufficient statistics of a round: how many reports support each value (additive over reports)."""
         rep = np.asarray(reports)
         if rep.ndim != 2 or rep.shape[1] != 2:
             raise ValueError(f"LOLOHA reports must have shape (n, 2) [seed, y], got {rep.shape}")
-        counts = support_counts(rep[:, 0], rep[:, 1], self.k, self.g)
-        return self.server_chain.estimate(counts, rep.shape[0])
+        return support_counts(rep[:, 0], rep[:, 1], self.k, self.g)
+
+    def estimate_counts(self, counts: Any, n: int) -> np.ndarray:
+        return self.server_chain.estimate(np.asarray(counts, dtype=float), n)
+
+    def estimate_round(self, reports: Any) -> np.ndarray:
+        return self.estimate_counts(self.round_counts(reports), np.asarray(reports).shape[0])
 
 
 class LOLOHAClient(MemoizedClient):

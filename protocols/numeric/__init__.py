@@ -16,7 +16,7 @@ from .additive import SENSITIVITY, Gaussian, Laplace, analytic_gaussian_sigma, g
 from .duchi import Duchi, DuchiMultiDim, duchi_constant
 from .pdp import PDP, optimal_pdp_width, pdp_variance
 from .piecewise import HYBRID_EPSILON_STAR, Hybrid, Piecewise
-from .sampling import KSAMPLING_BASES, SCALAR_MECHANISMS, KSampling, make_scalar_mechanism
+from .sampling import KSampling, make_scalar_mechanism
 
 __all__ = [
     "Laplace",
@@ -30,8 +30,6 @@ __all__ = [
     "VectorMeanMechanism",
     "MAX_EPSILON",
     "make_scalar_mechanism",
-    "SCALAR_MECHANISMS",
-    "KSAMPLING_BASES",
     "HYBRID_EPSILON_STAR",
     "SENSITIVITY",
     "duchi_constant",

@@ -13,33 +13,19 @@ import numpy as np
 
 from protocols.base import NumericMechanism, check_epsilon, check_unit_interval
 
+from protocols import catalogue
+
 from ._common import VectorMeanMechanism, as_result, check_dimension, check_rng
-from .additive import Laplace
-from .duchi import Duchi
-from .pdp import PDP
-from .piecewise import Hybrid, Piecewise
 
-__all__ = ["KSampling", "make_scalar_mechanism", "SCALAR_MECHANISMS", "KSAMPLING_BASES"]
-
-#: 1-D mechanisms by name (pure ε-LDP, inputs in [-1, 1]).
-SCALAR_MECHANISMS: dict[str, type[NumericMechanism]] = {
-    "laplace": Laplace,
-    "duchi": Duchi,
-    "piecewise": Piecewise,
-    "hybrid": Hybrid,
-    "pdp": PDP,
-}
-#: Bases allowed inside :class:`KSampling` (bounded outputs).
-KSAMPLING_BASES = ("hybrid", "piecewise", "duchi", "pdp")
+__all__ = ["KSampling", "make_scalar_mechanism"]
 
 
 def make_scalar_mechanism(name: str, epsilon: float) -> NumericMechanism:
-    """Build a 1-D pure-ε mechanism by name (one of :data:`SCALAR_MECHANISMS`)."""
-    try:
-        cls = SCALAR_MECHANISMS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown 1-D mechanism {name!r}; known: {', '.join(SCALAR_MECHANISMS)}") from None
-    return cls(epsilon)
+    """Build a 1-D pure-ε mechanism by name (a catalogue name with :attr:`~protocols.catalogue.Role.SCALAR`)."""
+    known = catalogue.names(catalogue.Role.SCALAR)
+    if name not in known:
+        raise ValueError(f"unknown 1-D mechanism {name!r}; known: {', '.join(known)}")
+    return catalogue.entry(name).cls(epsilon)
 
 
 class KSampling(VectorMeanMechanism):
@@ -61,8 +47,9 @@ class KSampling(VectorMeanMechanism):
         self.epsilon = check_epsilon(epsilon)
         self.delta = 0.0
         self.d = check_dimension(d)
-        if base not in KSAMPLING_BASES:
-            raise ValueError(f"base must be one of {', '.join(KSAMPLING_BASES)}, got {base!r}")
+        bases = catalogue.names(catalogue.Role.KSAMPLING_BASE)
+        if base not in bases:
+            raise ValueError(f"base must be one of {', '.join(bases)}, got {base!r}")
         self.base = base
         self.k = max(1, min(self.d, math.floor(self.epsilon / 2.5)))
         self.base_mechanism = make_scalar_mechanism(base, self.epsilon / self.k)

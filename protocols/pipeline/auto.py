@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from protocols import catalogue
 from protocols.base import NumericMechanism, check_epsilon, check_int
-from protocols.frequency import GRR, OLH, OUE
+from protocols.frequency import GRR
 from protocols.haar import haar_synthesis_matrix
 from protocols.numeric import DuchiMultiDim, KSampling
 
@@ -50,7 +51,6 @@ __all__ = ["AUTO_QUERIES", "MechanismChoice", "choose_mechanism", "AutoRecord", 
 #: Queries the choice can optimise for.
 AUTO_QUERIES = ("mean", "range", "dyadic", "total", "frequency")
 _SPLIT_OBJECTIVE = {"mean": "coordinate", "range": "range", "dyadic": "dyadic", "total": "total"}
-_ORACLES = {"grr": GRR, "oue": OUE, "olh": OLH}
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class MechanismChoice:
     Attributes:
         name: registry name of the winner (``haar``, ``ksampling``, ``duchi_md``, ``grr``, ``oue``, ``olh``).
         label: the winning candidate's label in ``variances`` (e.g. ``haar[pdp+ksampling]``).
-        params: constructor parameters, so that ``protocols.registry.build(name, **params)`` rebuilds it.
+        params: constructor parameters, so that ``protocols.catalogue.build(name, **params)`` rebuilds it.
         mechanism: the built mechanism (a frequency oracle is per dimension, at ε/d).
         query: the query optimised for.
         variances: label → compared per-user variance (see the module docstring for the metric).
@@ -182,8 +182,8 @@ def choose_mechanism(epsilon: float, d: int, query: str = "mean", k: int | None 
         candidates["duchi_md"] = ("duchi_md", {"epsilon": epsilon, "d": d}, dmd, query_variance(dmd, query))
     if k is not None:
         per_dim = epsilon / d
-        for name, cls in _ORACLES.items():
-            oracle = cls(per_dim, k)
+        for name in catalogue.names(catalogue.Role.AUTO, catalogue.Family.FREQUENCY):
+            oracle = catalogue.build(name, epsilon=per_dim, k=k)
             candidates[name] = (name, {"epsilon": per_dim, "k": k}, oracle, _oracle_metric(oracle, k, d, query))
     label = min(candidates, key=lambda c: candidates[c][3])
     name, params, mech, _ = candidates[label]

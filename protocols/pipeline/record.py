@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from protocols import catalogue
 from protocols.base import NumericMechanism, check_epsilon, check_int, check_unit_interval
 from protocols.haar import (
     haar_analysis_matrix,
@@ -61,7 +62,7 @@ from protocols.haar import (
     haar_synthesis_matrix,
     padded_size,
 )
-from protocols.numeric import PDP, Duchi, DuchiMultiDim, Hybrid, KSampling, Piecewise
+from protocols.numeric import PDP, DuchiMultiDim, KSampling
 from protocols.numeric._common import check_rng
 
 from ._variance import QuadraticModel, ksampling_cross, quadratic_coefficients
@@ -78,18 +79,13 @@ __all__ = [
 ]
 
 #: 1-D mechanisms for the mean coefficient ("auto" picks the one with the lowest split objective).
-MEAN_MECHANISMS: dict[str, type[NumericMechanism]] = {
-    "pdp": PDP,
-    "piecewise": Piecewise,
-    "hybrid": Hybrid,
-    "duchi": Duchi,
-}
+MEAN_MECHANISMS = catalogue.names(catalogue.Role.HAAR_MEAN)
 #: Vector mechanisms for the D-1 detail coefficients.
-DETAIL_MECHANISMS = ("ksampling", "duchi_md")
+DETAIL_MECHANISMS = catalogue.names(catalogue.Role.HAAR_DETAIL)
 #: Query families the automatic split can optimise for.
 SPLIT_OBJECTIVES = ("coordinate", "range", "dyadic", "total")
 #: Mean mechanisms considered by ``mean_mechanism="auto"`` (Duchi is dominated by HM and kept for exact tests).
-AUTO_MEAN_CANDIDATES = ("pdp", "piecewise", "hybrid")
+AUTO_MEAN_CANDIDATES = catalogue.names(catalogue.Role.HAAR_MEAN_AUTO)
 #: Bounds of the automatic split fraction f = ε_m/ε.
 SPLIT_RANGE = (0.02, 0.98)
 
@@ -139,7 +135,7 @@ def objective_weights(d: int, objective: str) -> np.ndarray:
 
 
 def _make_mean(name: str, epsilon: float) -> NumericMechanism:
-    return MEAN_MECHANISMS[name](epsilon)
+    return catalogue.entry(name).cls(epsilon)
 
 
 def _make_detail(name: str, epsilon: float, P: int) -> Any:
@@ -423,7 +419,7 @@ class HaarRecord(NumericMechanism):
 
     # ----------------------------------------------------------------- wire / coordinator helpers
     def mean_spec(self) -> dict[str, Any]:
-        """``{"mechanism", "params"}`` of the mean mechanism, for ``protocols.registry.build``."""
+        """``{"mechanism", "params"}`` of the mean mechanism, for ``protocols.catalogue.build``."""
         params: dict[str, Any] = {"epsilon": self.epsilon_mean}
         if isinstance(self.mean, PDP):
             params["width"] = self.mean.width
@@ -435,23 +431,3 @@ class HaarRecord(NumericMechanism):
         if self.detail_mechanism == "ksampling":
             params["base"] = "hybrid"
         return {"mechanism": self.detail_mechanism, "params": params}
-
-    def to_wire(self, row: Any) -> dict[str, Any]:
-        """One report row as the report body ``{"report": {"mean": y, "detail": [z...]}}`` (coordinator schema)."""
-        r = np.asarray(row, dtype=float).reshape(-1)
-        if r.shape != (self.D,):
-            raise ValueError(f"a HaarRecord report row has {self.D} values, got {r.shape}")
-        return {"report": {"mean": float(r[0]), "detail": r[1:].tolist()}}
-
-    def rows_from_wire(self, rows: list[Any]) -> np.ndarray:
-        """Stack ``{"mean", "detail"}`` rows (the ``"report"`` of each body) back into (n, D) reports."""
-        if not rows:
-            raise ValueError("no reports")
-        try:
-            means = np.asarray([r["mean"] for r in rows], dtype=float)
-            details = np.asarray([r["detail"] for r in rows], dtype=float)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"a HaarRecord wire row is {{'mean': y, 'detail': [...]}}: {exc}") from None
-        if means.ndim != 1 or details.shape != (means.size, self.D - 1):
-            raise ValueError(f"HaarRecord wire rows need 1 mean and {self.D - 1} detail values each")
-        return np.concatenate([means[:, None], details], axis=1)

@@ -6,7 +6,7 @@ as separate rows) estimate the per-round histogram over the k = 360 values; MSE 
 RAPPOR: least squares raw, NNLS post-processed).
 
 Mean: α-point rounding + memoization (Ding et al.'s memoized 1BitMean, NeurIPS 2017 §3, and the thesis's pipeline,
-:class:`protocols.pipeline.MemoizedPipeline`) estimates *means* — it has no frequency estimator (Ding et al.'s
+:class:`simulations.fleet_pipeline.MemoizedPipeline`) estimates *means* — it has no frequency estimator (Ding et al.'s
 histogram protocol is dBitFlipPM, which is in the frequency rows) — so it is measured on the per-round mean of the
 evolving value, against the means implied by the frequency protocols' histograms (Σ_v v·f̂_v) and a fresh
 Hybrid-mechanism report every round (no memoization: ε spent every round).
@@ -19,11 +19,11 @@ import numpy as np
 from protocols.frequency import clip_normalise
 from protocols.longitudinal import RAPPOR, OneBitMeanMemo
 from protocols.numeric import Hybrid
-from protocols.pipeline import MemoizedPipeline
 from simulations.datasets import SYN_K, adult_with_syn, load_adult
 from simulations.eval.common import EvalConfig, Figure, Panel, Section, Stat, Table, best_of, fmt_float, panel_plot
 from simulations.eval.common import progress, series_of, summarise
 from simulations.eval.longitudinal import IRR_FRACTION, frequency_protocols, peer_protocols
+from simulations.fleet_pipeline import MemoizedPipeline
 
 NAME = "evolving"
 TITLE = "4. The evolving dimension: per-round frequency and mean versus ε"

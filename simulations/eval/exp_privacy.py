@@ -18,10 +18,10 @@ import numpy as np
 
 from protocols.accounting import Accountant
 from protocols.longitudinal import LongitudinalProtocol, OneBitMeanMemo
-from protocols.pipeline import MemoizedPipeline
 from simulations.datasets import SYN_K, adult_with_syn, load_adult
 from simulations.eval.common import EvalConfig, Figure, Section, Table, fmt_float, progress, pyplot
 from simulations.eval.longitudinal import frequency_protocols
+from simulations.fleet_pipeline import MemoizedPipeline
 
 NAME = "privacy"
 TITLE = "6. Longitudinal privacy actually spent per device"

@@ -14,7 +14,7 @@ import pytest
 
 from coordinator.service import Coordinator, CoordinatorConfig
 from coordinator.simfleet import SimFleet
-from protocols import registry
+from protocols import catalogue
 
 PARAMS = {"streams": {
     "cpu": {"kind": "numeric", "mechanism": "duchi", "params": {"epsilon": 1.0}, "dims": ["cpu"], "bounds": [[0, 100]]},
@@ -23,7 +23,7 @@ PARAMS = {"streams": {
 
 
 def _fill(coord: Coordinator, fleet: SimFleet, round_id: str, rng: np.random.Generator) -> None:
-    duchi, grr = registry.build("duchi", epsilon=1.0), registry.build("grr", epsilon=1.0, k=4)
+    duchi, grr = catalogue.build("duchi", epsilon=1.0), catalogue.build("grr", epsilon=1.0, k=4)
     rows = []
     for stream, mech, rep in [("cpu", "duchi", duchi.privatize(rng.uniform(-1, 1, len(fleet)), rng)),
                               ("app", "grr", grr.privatize(rng.integers(0, 4, len(fleet)), rng))]:

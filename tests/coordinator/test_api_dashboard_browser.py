@@ -15,7 +15,6 @@ import pytest
 from protocols.contract import make_body, normalise
 from coordinator.service import Coordinator, CoordinatorConfig
 from coordinator.simfleet import SimFleet
-from protocols import registry
 
 pytestmark = pytest.mark.integration
 
@@ -55,9 +54,9 @@ def _fill(coord: Coordinator, rng: np.random.Generator) -> None:
         }
         accepted = []
         for stream, out in rows.items():
-            haar = spec[stream].build() if stream == "env" else None
+            mech, codec = spec[stream].build(), spec[stream].entry
             for dev, row in zip(fleet.devices, out):
-                body = haar.to_wire(row) if haar is not None else make_body(registry.row_to_json(row))
+                body = make_body(codec.encode_row(mech, row))
                 accepted.append(coord.validator.check(*dev.report(rid, stream, spec[stream].wire_mechanism, body)))
         coord.store.commit_batch(accepted, {})
         coord.close_round(rid)

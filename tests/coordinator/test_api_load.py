@@ -18,7 +18,7 @@ import pytest
 from coordinator.service import Coordinator, CoordinatorConfig
 from coordinator.simfleet import SimFleet
 from coordinator.store import StoredReport
-from protocols import registry, wire
+from protocols import catalogue, wire
 from tests.brokers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -49,11 +49,12 @@ print(count[0])
 
 
 def _background(coord: Coordinator, round_id: str, rng: np.random.Generator) -> None:
-    """BACKGROUND stored reports in the round's first stream (other devices): each estimate decodes them all."""
-    rows = registry.build("hybrid", epsilon=0.1).privatize(rng.uniform(-1, 1, BACKGROUND), rng)
+    """BACKGROUND stored reports in the round's first stream (other devices), aggregated as ingest aggregates them
+    (the old API decoded them all for every estimate)."""
+    rows = catalogue.build("hybrid", epsilon=0.1).privatize(rng.uniform(-1, 1, BACKGROUND), rng)
     coord.store.commit_batch([StoredReport(f"bg-{round_id}-{i}", i, 1, round_id, "s0", "hybrid",
                                            wire.canonical_json_text({"report": float(r)}), "x", time.time())
-                              for i, r in enumerate(rows)], {})
+                              for i, r in enumerate(rows)], {}, coord.validator.statistics)
 
 
 def _drain(coord: Coordinator, fleet: SimFleet, round_id: str, port: int, rng: np.random.Generator,
@@ -62,7 +63,7 @@ def _drain(coord: Coordinator, fleet: SimFleet, round_id: str, port: int, rng: n
     and time the drain from the first to the last stored report (reports/s)."""
     coord.ingest.stop()
     msgs = [m for s in range(N_STREAMS) for m in fleet.reports(
-        round_id, f"s{s}", "hybrid", registry.build("hybrid", epsilon=0.1).privatize(rng.uniform(-1, 1, len(fleet)), rng))]
+        round_id, f"s{s}", "hybrid", catalogue.build("hybrid", epsilon=0.1).privatize(rng.uniform(-1, 1, len(fleet)), rng))]
     pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="load-publisher", protocol=mqtt.MQTTv5)
     pub.max_inflight_messages_set(1000)
     pub.connect("127.0.0.1", port)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocols import wire
+from protocols import catalogue, wire
 from tests.coordinator.support_rows import SUPPORT_STREAMS
 
 
@@ -22,7 +22,7 @@ def _bodies_and_rows(name, n, rng):
     elif spec.kind == "frequency":
         rows = mech.privatize(rng.integers(0, 4, n), rng).tolist()
     elif spec.kind == "haar":
-        rows = [mech.to_wire(r)["report"] for r in mech.privatize(rng.uniform(-1, 1, (n, 3)), rng)]
+        rows = [catalogue.entry("haar").encode_row(mech, r) for r in mech.privatize(rng.uniform(-1, 1, (n, 3)), rng)]
     else:
         d = len(spec.dims)
         rows = mech.privatize(rng.uniform(-1, 1, (n, d)) if d > 1 else rng.uniform(-1, 1, n), rng).tolist()

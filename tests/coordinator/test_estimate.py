@@ -13,7 +13,7 @@ from protocols.contract import StreamSpec, denormalise, make_body, normalise
 from coordinator.simfleet import SimFleet
 from coordinator.store import SQLiteStore
 from coordinator.validate import Validator
-from protocols import registry, wire
+from protocols import catalogue, wire
 from protocols.haar import haar_forward, padded_size
 from tests.coordinator.support_rows import BAD_ROWS, GOOD_ROWS, SUPPORT_STREAMS
 
@@ -37,7 +37,7 @@ PARAMS = {"streams": {
 def _device_rows(rng: np.random.Generator) -> tuple[dict, dict]:
     """What each device computes locally: privatized rows per stream, and the truth for the test."""
     spec = {k: StreamSpec.model_validate(v) for k, v in PARAMS["streams"].items()}
-    mech = {k: registry.build(v["mechanism"], **v["params"]) for k, v in PARAMS["streams"].items() if k != "rec"}
+    mech = {k: catalogue.build(v["mechanism"], **v["params"]) for k, v in PARAMS["streams"].items() if k != "rec"}
     cpu = rng.beta(2, 5, N_DEV) * 100
     mem = np.column_stack([rng.uniform(1, 7, N_DEV), rng.exponential(0.3, N_DEV).clip(0, 2), rng.uniform(0, 4, N_DEV)])
     rec = np.column_stack([rng.normal(i - 2, 2, N_DEV).clip(-10, 10) for i in range(HAAR_D)])
@@ -48,10 +48,10 @@ def _device_rows(rng: np.random.Generator) -> tuple[dict, dict]:
         "app": mech["app"].privatize(app, rng),
     }
     m, c = haar_forward(normalise(rec, *spec["rec"].lo_hi()))
-    hm = registry.build("hybrid", epsilon=1.0)
-    hd = registry.build("ksampling", epsilon=2.0, d=padded_size(HAAR_D) - 1)
+    hm = catalogue.build("hybrid", epsilon=1.0)
+    hd = catalogue.build("ksampling", epsilon=2.0, d=padded_size(HAAR_D) - 1)
     m_rep, c_rep = hm.privatize(m, rng), hd.privatize(c, rng)
-    rows["rec"] = [{"mean": registry.row_to_json(a), "detail": registry.row_to_json(b)} for a, b in zip(m_rep, c_rep)]
+    rows["rec"] = [{"mean": catalogue.row_to_json(a), "detail": catalogue.row_to_json(b)} for a, b in zip(m_rep, c_rep)]
     truth = {"cpu": [cpu.mean()], "mem": mem.mean(axis=0), "rec": rec.mean(axis=0),
              "app": np.bincount(app, minlength=6) / N_DEV}
     return rows, truth
@@ -70,7 +70,7 @@ def test_truth_inside_confidence_intervals(tmp_path):
     for stream, mech_rows in rows.items():
         mech = "haar" if stream == "rec" else PARAMS["streams"][stream]["mechanism"]
         for dev, row in zip(fleet.devices, mech_rows):
-            body = make_body(row if isinstance(row, dict) else registry.row_to_json(row))
+            body = make_body(row if isinstance(row, dict) else catalogue.row_to_json(row))
             accepted.append(validator.check(*dev.report("r1", stream, mech, body)))
     assert store.commit_batch(accepted, {}) == 4 * N_DEV
 
@@ -126,7 +126,7 @@ def _coverage(spec_data, values, truth, reps, rng):
     hits, stderrs = [], []
     for _ in range(reps):
         out = mech.privatize(values, rng)
-        rows = [mech.to_wire(r)["report"] for r in out] if spec.kind == "haar" else out.tolist()
+        rows = [catalogue.entry("haar").encode_row(mech, r) for r in out] if spec.kind == "haar" else out.tolist()
         est = estimate_stream(spec, rows)
         hits.append((np.asarray(est.ci_low) <= truth) & (truth <= np.asarray(est.ci_high)))
         stderrs.append(est.stderr)

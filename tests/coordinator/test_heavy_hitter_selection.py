@@ -3,6 +3,7 @@ in HeavyHitterSpec (optional, absent from the JSON when unset), the estimate's `
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -11,8 +12,9 @@ import pytest
 from coordinator.cli import _with_selection
 from coordinator.estimate import estimate_stream, select_heavy_hitters
 from coordinator.rounds import heavy_hitters_from_estimate, plan_heavy_hitters
-from protocols import registry
+from protocols import catalogue
 from protocols.contract import HeavyHitterSpec, StreamSpec, heavy_hitter_items, parse_round_params
+from protocols.heavy_hitters import PrefixExtensionHeavyHitters, extend_prefixes
 
 OLD_JSON = '{"bits":6,"prefix_bits":2,"step_bits":2,"candidates":[1,2]}'
 
@@ -78,8 +80,8 @@ def test_estimate_lists_heavy_hitters_and_the_planner_carries_the_options():
     values = np.repeat(np.array([0b101101, 0b111111, 0b100000, 0b101100]), [8000, 4000, 1000, 500])
     hh = HeavyHitterSpec(bits=6, prefix_bits=0, step_bits=2, candidates=[0], top_k=2)
     spec = StreamSpec.model_validate(_stream(hh))
-    oracle = registry.build("oue", epsilon=3.0, k=hh.k)
-    est = estimate_stream(spec, registry.row_to_json(oracle.privatize(heavy_hitter_items(hh, values), rng)))
+    oracle = catalogue.build("oue", epsilon=3.0, k=hh.k)
+    est = estimate_stream(spec, catalogue.row_to_json(oracle.privatize(heavy_hitter_items(hh, values), rng)))
     assert [h["prefix"] for h in est.heavy_hitters] == [0b10, 0b11]
     assert est.heavy_hitters[0]["label"] == "10" and est.heavy_hitters[0]["bits"] == 2
     assert est.to_dict()["heavy_hitters"] == est.heavy_hitters
@@ -119,3 +121,76 @@ def test_top_k_never_exceeds_the_candidate_cap_and_items_are_named_as_prefixes()
                                       "heavy_hitters": small.model_dump()})
     names = _frequency_labels(spec, small.k)
     assert names[-1] == "other" and names[:-1] != ["a", "b", "c", "d", "e"][: small.k - 1]
+
+
+# --- one prefix encoding (issue 17 item 6) -------------------------------------------------------------------------
+# The two encodings as they were before protocols.heavy_hitters.prefix_items became their one home: the reference.
+
+def _old_contract_items(spec: HeavyHitterSpec, values: np.ndarray) -> np.ndarray:
+    v = np.asarray(values, dtype=np.int64)
+    prefix = v >> (spec.bits - spec.prefix_bits)
+    nxt = (v >> (spec.bits - spec.prefix_bits - spec.step_bits)) & ((1 << spec.step_bits) - 1)
+    cands = np.asarray(spec.candidates, dtype=np.int64)
+    order = np.argsort(cands)
+    sorted_c = cands[order]
+    pos = np.clip(np.searchsorted(sorted_c, prefix), 0, len(sorted_c) - 1)
+    found = sorted_c[pos] == prefix
+    idx = order[pos]
+    return np.where(found, idx * (1 << spec.step_bits) + nxt, spec.k - 1).astype(np.int64)
+
+
+def _old_index(prefix: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """The old ``PrefixExtensionHeavyHitters.encode`` once the round's prefix length is applied."""
+    order = np.argsort(candidates, kind="stable")
+    pos = np.minimum(np.searchsorted(candidates[order], prefix), candidates.size - 1)
+    found = candidates[order][pos] == prefix
+    return np.where(found, order[pos], candidates.size)
+
+
+def _prefix_lists(width: int) -> list[list[int]]:
+    """Every set of ``width``-bit prefixes (ascending, the empty one too) and every ordering of two or three."""
+    every = range(1 << width)
+    sets = [list(c) for n in range(len(every) + 1) for c in itertools.combinations(every, n)]
+    return sets + [list(p) for n in (2, 3) for p in itertools.permutations(every, n)]
+
+
+def test_the_contract_items_are_unchanged_and_are_the_simulations_candidate_indices():
+    """heavy_hitter_items gives what it gave before, on every round over values of up to 5 bits whose candidates
+    are at most 3 bits wide: item = the index of the value's prefix among the extended candidates, or their count."""
+    for bits in range(1, 6):
+        values = np.arange(1 << bits)
+        for prefix_bits in range(min(bits, 4)):
+            for step_bits in range(1, bits - prefix_bits + 1):
+                for cands in filter(None, _prefix_lists(prefix_bits)):
+                    spec = HeavyHitterSpec(bits=bits, prefix_bits=prefix_bits, step_bits=step_bits, candidates=cands)
+                    items = heavy_hitter_items(spec, values)
+                    assert items.dtype == np.int64
+                    np.testing.assert_array_equal(items, _old_contract_items(spec, values))
+                    extended = extend_prefixes(cands, step_bits)
+                    assert extended.size == spec.k - 1
+                    np.testing.assert_array_equal(items, _old_index(values >> (bits - prefix_bits - step_bits),
+                                                                    extended))
+
+
+def test_the_simulations_encoding_is_unchanged():
+    """PrefixExtensionHeavyHitters.candidates and .encode give what they gave before, on every round over values of up
+    to 5 bits whose kept prefixes are at most 3 bits wide (values outside [0, 2^bits) too: "not a candidate")."""
+    for bits in range(1, 6):
+        values = np.arange(-(1 << bits), 2 << bits)
+        for start_bits, step_bits in itertools.product(range(1, bits + 1), repeat=2):
+            protocol = PrefixExtensionHeavyHitters(1.0, bits, start_bits, step_bits)
+            lengths = protocol.prefix_lengths
+            for r in range(protocol.rounds):
+                if r and lengths[r - 1] > 3:
+                    continue
+                for kept in [None] if r == 0 else [np.array(k, dtype=np.int64) for k in _prefix_lists(lengths[r - 1])]:
+                    cands = protocol.candidates(r, kept)
+                    grow = lengths[r] - (lengths[r - 1] if r else 0)
+                    old = np.arange(1 << start_bits) if r == 0 else (
+                        (kept[:, None] << grow) | np.arange(1 << grow)[None, :]).ravel()
+                    np.testing.assert_array_equal(cands, old)
+                    if cands.size:
+                        np.testing.assert_array_equal(protocol.encode(values, r, cands),
+                                                      _old_index(values >> (bits - lengths[r]), cands))
+    with pytest.raises(ValueError, match="candidate list"):
+        PrefixExtensionHeavyHitters(1.0, 4, 2, 2).encode(np.arange(16), 1, np.array([4, 5, 6]))

@@ -257,11 +257,11 @@ class _FlakyStore(SQLiteStore):
     reads_fail = False
     failures = 0
 
-    def commit_batch(self, reports, counters):
+    def commit_batch(self, reports, counters, aggregate=None):
         if self.down:
             self.failures += 1
             raise sqlite3.OperationalError("injected: database or disk is full")
-        return super().commit_batch(reports, counters)
+        return super().commit_batch(reports, counters, aggregate)
 
     def _exec(self, sql, args=(), commit=False):
         if self.down and self.reads_fail:

@@ -14,12 +14,12 @@ from protocols import wire
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_receiver_imports_nothing_but_paho():
+def test_receiver_imports_nothing_but_paho_and_the_shared_mqtt_setup():
     code = ("import sys, coordinator.mqtt_receiver; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pydantic', 'cryptography', 'protocols', "
-            "'sqlite3', 'scipy'}))")
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pydantic', 'cryptography', "
+            "'sqlite3', 'scipy'}), sorted(m for m in sys.modules if m.startswith('protocols')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert out.strip() == "[]"
+    assert out.strip() == "[] ['protocols', 'protocols.mqtt']"
 
 
 def test_topics_agree_with_the_wire_format():

@@ -9,7 +9,7 @@ import pytest
 from coordinator.estimate import estimate_round, estimate_stream
 from coordinator.rounds import RoundManager, plan_heavy_hitters, plan_rounding_steps
 from coordinator.store import SQLiteStore
-from protocols import registry, wire
+from protocols import catalogue, wire
 from protocols.contract import HeavyHitterSpec, StreamSpec, heavy_hitter_items
 from protocols.rounding import quantise_step
 from tests.coordinator.test_estimate import PARAMS
@@ -36,10 +36,10 @@ def test_heavy_hitters_over_rounds():
     history = []
     for _ in range(4):
         items = heavy_hitter_items(spec, values)
-        oracle = registry.build("oue", epsilon=3.0, k=spec.k)
+        oracle = catalogue.build("oue", epsilon=3.0, k=spec.k)
         stream = StreamSpec(kind="frequency", mechanism="oue", params={"epsilon": 3.0, "k": spec.k}, dims=["v"],
                             heavy_hitters=spec)
-        est = estimate_stream(stream, registry.row_to_json(oracle.privatize(items, rng)))
+        est = estimate_stream(stream, catalogue.row_to_json(oracle.privatize(items, rng)))
         history.append(est)
         nxt = plan_heavy_hitters(spec, est, z=4.0, max_candidates=6)
         if nxt is None:

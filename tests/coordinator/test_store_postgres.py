@@ -115,3 +115,50 @@ def test_postgres_store_recovers_from_a_failed_statement_and_a_dropped_connectio
     assert isinstance(store.high_water_marks(), dict)  # ... and the next one reconnects
     store.close()
     killer.close()
+
+
+def test_postgres_two_workers_keep_aggregates_that_merge_and_never_double_count(postgres_dsn):
+    """Two ingest workers race on overlapping batches (threads, one connection each): the round's aggregates are
+    the sum of their two writer rows, count every report once, give the estimate the stored reports give, and
+    survive a rebuild (which holds off writers with a table lock)."""
+    import threading
+
+    import numpy as np
+
+    from coordinator.aggregates import check_aggregates
+    from coordinator.decode import StreamDecoder
+    from coordinator.estimate import estimate_stream
+    from protocols.contract import StreamSpec
+
+    workers = [PostgresStore(postgres_dsn), PostgresStore(postgres_dsn)]
+    fleet = SimFleet(60, prefix="agg")
+    for rec in fleet.enrollment():
+        workers[0].upsert_device(rec["device_id"], rec["public_key"])
+    RoundManager(workers[0], wire.generate_signing_key()).open_round("agg", 1.0, PARAMS)
+    validators = [Validator(w) for w in workers]
+    rng = np.random.default_rng(3)
+    reports = fleet.reports("agg", "cpu", "duchi", list(np.where(rng.random(60) < 0.3, 2.16, -2.16)))
+    batches = [reports[:40], reports[20:]]  # 20 reports reach both workers
+
+    def ingest(i: int) -> None:
+        accepted = [validators[i].check(t, p) for t, p in batches[i]]
+        workers[i].commit_batch(accepted, {}, validators[i].statistics)
+
+    threads = [threading.Thread(target=ingest, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    reader = PostgresStore(postgres_dsn)
+    kept = reader.aggregates("agg", "cpu")
+    assert kept is not None and kept.n == 60
+    assert reader._exec("SELECT COUNT(*) FROM aggregates WHERE round_id = 'agg'")[0][0] == 2
+    spec = StreamSpec.model_validate(PARAMS["streams"]["cpu"])
+    from_reports = estimate_stream(spec, StreamDecoder.for_spec(spec).from_bodies(reader.report_bodies("agg", "cpu")))
+    est = estimate_round(reader, "agg")["cpu"]
+    assert est.n == 60 and np.allclose(est.raw, from_reports.raw) and np.allclose(est.stderr, from_reports.stderr)
+    assert [c.status for c in check_aggregates(reader, ["agg"])] == ["agree"]
+    assert [c.status for c in check_aggregates(reader, ["agg"], rebuild=True)] == ["rebuilt"]
+    assert reader.aggregates("agg", "cpu").n == 60 and check_aggregates(reader, ["agg"])[0].status == "agree"
+    for s in (*workers, reader):
+        s.close()

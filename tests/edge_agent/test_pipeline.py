@@ -11,10 +11,10 @@ from edge_agent.agent import Agent
 from edge_agent.config import ConfigError, Secrets
 from edge_agent.embed import categorical, new_identity, numeric, simple_config
 from edge_agent.pipeline import Pipeline, memo_key
-from edge_agent.plans import AUTO_CANDIDATES
 from protocols.errors import InvalidRecord
 from edge_agent.sources import CallableSource, IterableSource
-from protocols import registry, wire
+from protocols import catalogue, wire
+from protocols.catalogue import Family, Role
 from tests.edge_agent.signed_rounds import GAUSS_LOAD, HYBRID_LOAD, round_config
 
 SECRET = bytes(range(32))
@@ -160,10 +160,10 @@ def test_auto_policy_picks_the_lowest_variance(tmp_path):
     assert p.streams["small"].mechanism_name == "grr"
     assert p.streams["big"].mechanism_name == "oue"
     env = p.streams["env"]
-    assert env.mechanism_name in AUTO_CANDIDATES["vector"]
+    assert env.mechanism_name in catalogue.names(Role.AUTO, Family.VECTOR) + catalogue.names(Role.AUTO, Family.HAAR)
     chosen = env.mechanism.worst_case_variance()
     for name in ("ksampling", "duchi_md"):
-        assert chosen <= registry.build(name, epsilon=1.0, d=2).worst_case_variance() + 1e-12
+        assert chosen <= catalogue.build(name, epsilon=1.0, d=2).worst_case_variance() + 1e-12
 
 
 def test_explicit_mechanism_errors_are_config_errors(tmp_path):

@@ -1,11 +1,15 @@
-"""The fleet simulator MemoizedPipeline: the vectorised device pipeline (volatility, epoch steps, α-rounding,
-memoized reports) and its per-device ε accounting."""
+"""The fleet simulator (simulations/fleet_pipeline.py): memo hits and charges over rounds, warm-up, static
+dimensions, step exponents in the key, clipping, validation (its equivalence with the device:
+test_fleet_pipeline_equivalence.py)."""
 
 import numpy as np
 import pytest
 
+from protocols.memo_key import canonical_codes, canonical_value
 from protocols.numeric import KSampling
-from protocols.pipeline import HaarRecord, MemoizedPipeline
+from protocols.pipeline import HaarRecord
+from protocols.rounding import AlphaRounder, VolatilityDetector
+from simulations.fleet_pipeline import MemoizedPipeline
 
 
 def _square_wave(n: int, rounds: int, centre: float, amplitude: float, d: int = 1) -> np.ndarray:
@@ -114,3 +118,59 @@ def test_auto_pipeline_uses_the_chosen_mechanism(rng):
     assert isinstance(pipe_total.mechanism, HaarRecord)
     run = pipe_total.run(np.full((50, 3, 4), 0.3), rng)
     assert run.estimates.shape == (3, 4) and run.stderr.shape == (3, 4)
+
+
+# ----------------------------------------------------------------------------------------------- the shared steps
+
+
+def test_a_dimension_scores_the_same_alone_as_beside_others(rng):
+    """The simulator holds n·d windows in one detector, a device one per dimension: the scores must be the same
+    numbers (numpy's sum over axis 0 of a wide array once added in another order: 0.0884125 beside others,
+    0.08841250000000002 alone for this window — volatile on the device and not in the simulator at τ = 0.0884125)."""
+    window = [52.74, 45.4, 40.82, 40.33, 56.27, 58.26, 52.13, 54.59, 50.87, 58.7, 56.32, 40.05, 57.15, 40.67, 54.59,
+              43.51, 57.26]
+    x = np.column_stack([window, rng.uniform(-5, 105, (17, 5))])
+    wide = VolatilityDetector(np.zeros(6), np.full(6, 100.0), window=16)
+    for row in x:
+        wide.update(row)
+    for j in range(6):
+        alone = VolatilityDetector(0.0, 100.0, window=16)
+        for v in x[:, j]:
+            alone.update([v])
+        assert alone.scores[0] == wide.scores[j]
+    assert wide.scores[0] == 0.08841250000000002
+
+
+def test_round_in_bounds_is_grid_index_and_value_clipped_to_hi():
+    rounder = AlphaRounder([0.0, 0.0], [1.0, 1.0], [0.9, 0.0])
+    index, value = rounder.round_in_bounds([0.99, 0.5], [0.3, 0.3])
+    assert index.tolist() == [4, 1] and value.tolist() == [1.0, 0.3]  # 4·0.3 = 1.2 clipped to hi
+
+
+def test_canonical_codes_are_one_to_one_with_canonical_values():
+    values = np.array([0.0, -0.0, 1.5, 1.5, 3.0, 3.0, 3.0, 2.0])
+    rounded = np.array([False, False, False, True, True, True, True, True])
+    exponents = np.array([0, 0, 0, 0, 1, 2, 1, 1])
+    grid = np.array([0, 0, 0, 3, 3, 3, 4, 3])
+    kind, code = canonical_codes(values, rounded, exponents, grid)
+    canon = [canonical_value(exponent=int(m), grid_index=int(i)) if r else canonical_value(float(v))
+             for v, r, m, i in zip(values, rounded, exponents, grid)]
+    for a in range(values.size):
+        for b in range(values.size):
+            assert (canon[a] == canon[b]) == ((kind[a], code[a]) == (kind[b], code[b])), (a, b)
+
+
+def test_memo_hits_are_the_first_uses_of_the_traced_canonical_values(rng):
+    x = np.round(50 + np.cumsum(rng.normal(0, 0.8, (6, 50, 2)), axis=1), 1)
+    x[:, ::5, 1] = 50.0
+    pipe = MemoizedPipeline([0, 0], [100, 100], 1.0, "ksampling", window=4, epoch_length=8)
+    u = rng.random((6, 2))
+    trace, run = pipe.trace(x, u), pipe.run(x, rng, u=u)
+    assert trace.rounded.any() and (~trace.rounded).any()
+    for i in range(6):
+        seen: set[str] = set()
+        for r in range(50):
+            key = repr(trace.canonical(i, r))
+            assert run.new_key[i, r] == (key not in seen)
+            seen.add(key)
+    np.testing.assert_allclose(trace.values.mean(axis=0), run.target, rtol=1e-12)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from protocols.pipeline import MemoizedPipeline
+from simulations.fleet_pipeline import MemoizedPipeline
 
 pytestmark = pytest.mark.statistical
 

@@ -167,6 +167,8 @@ def test_every_public_method_of_categorical_ddrm_and_its_client_works():
         "new_fleet": lambda f: f(5, rng).n == 5,
         "privatize_round": lambda f: f(values[:, 0], p.new_fleet(50, rng), rng)[0].shape == (50, 4),
         "estimate_round": lambda f: f(p.privatize_round(values[:, 0], p.new_fleet(50, rng), rng)[0]).shape == (3,),
+        "round_counts": lambda f: f(p.privatize_round(values[:, 0], p.new_fleet(50, rng), rng)[0]).shape == (3,),
+        "estimate_counts": lambda f: np.allclose(f(np.array([2.0, 0.0, -2.0]), 2), [p.c, 0.0, -p.c]),
         "simulate_rounds": lambda f: f(values, rng).estimates.shape == (8, 3),
         "client": lambda f: isinstance(f(secret=b"y" * 32, stream="s", rng=rng), CategoricalDDRMClient),
     }

@@ -4,7 +4,7 @@ compared, and AutoRecord delegating to the chosen mechanism."""
 import numpy as np
 import pytest
 
-from protocols import registry
+from protocols import catalogue
 from protocols.pipeline import AutoRecord, HaarRecord, choose_mechanism
 from protocols.pipeline.auto import query_variance
 
@@ -17,7 +17,7 @@ def test_choose_mechanism_reports_what_it_compared():
     assert ch.variances[ch.label] == min(ch.variances.values())
     # SPEC §2.4: per-coordinate, Haar sums L+1 noisy terms — direct HM k-sampling wins
     assert ch.name == "ksampling"
-    rebuilt = registry.build(ch.name, **ch.params)
+    rebuilt = catalogue.build(ch.name, **ch.params)
     assert query_variance(rebuilt, "mean") == pytest.approx(ch.variances["ksampling"])
     haar = min((k for k in ch.variances if k.startswith("haar")), key=ch.variances.get)
     assert ch.variances[haar] > 3 * ch.variances["ksampling"]

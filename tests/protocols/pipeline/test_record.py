@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from protocols import registry, wire
+from protocols import catalogue, wire
 from protocols.haar import haar_forward, haar_inverse, padded_size
 from protocols.numeric import DuchiMultiDim, KSampling
 from protocols.pipeline import (
@@ -258,19 +258,20 @@ def test_wire_and_component_specs_rebuild_the_same_estimator(rng):
     mech = HaarRecord(1.0, 5, "pdp", "ksampling", split=0.25)
     x = rng.uniform(-1, 1, (400, 5))
     reports = mech.privatize(x, rng)
-    bodies = [mech.to_wire(r) for r in reports]
+    codec = catalogue.entry("haar")
+    bodies = [{"report": codec.encode_row(mech, r)} for r in reports]
     assert set(bodies[0]) == {"report"} and set(bodies[0]["report"]) == {"mean", "detail"}
     rows = [wire_roundtrip(b)["report"] for b in bodies]
-    np.testing.assert_array_equal(mech.rows_from_wire(rows), reports)
-    mean_mech = registry.build(mech.mean_spec()["mechanism"], **mech.mean_spec()["params"])
-    detail_mech = registry.build(mech.detail_spec()["mechanism"], **mech.detail_spec()["params"])
+    np.testing.assert_array_equal(codec.decode_rows(mech, rows), reports)
+    mean_mech = catalogue.build(mech.mean_spec()["mechanism"], **mech.mean_spec()["params"])
+    detail_mech = catalogue.build(mech.detail_spec()["mechanism"], **mech.detail_spec()["params"])
     m_hat, c_hat = mech.coefficients(reports)
     assert mean_mech.estimate(reports[:, 0]) == pytest.approx(m_hat, rel=1e-12)
     np.testing.assert_allclose(detail_mech.estimate(reports[:, 1:]), c_hat, rtol=1e-12)
     with pytest.raises(ValueError, match="wire row"):
-        mech.rows_from_wire([{"mean": 0.1}])
+        codec.decode_rows(mech, [{"mean": 0.1}])
     with pytest.raises(ValueError, match="8 values"):
-        mech.to_wire(np.zeros(5))
+        codec.encode_row(mech, np.zeros(5))
 
 
 def wire_roundtrip(body):

@@ -1,0 +1,93 @@
+"""The interface shared by the distribution mechanisms (a refinement of :class:`protocols.base.Mechanism`).
+
+A distribution mechanism reports one numeric value per user on a public grid of D buckets
+(:class:`~protocols.distribution.grid.BucketGrid`) and estimates, on the server, the histogram over the buckets
+and range/prefix fractions. Inputs to ``privatize`` are bucket indices in [0, D) for the bucketised mechanisms
+(flat, hierarchical, Haar); Square Wave takes the unit value u ∈ [0, 1] itself. ``privatize_unit(u, rng)``
+accepts u ∈ [0, 1] for every mechanism (the bucketised ones bucketise first), so a stream can drive any of them
+the same way. Device-side paths (``privatize``, ``privatize_unit``) use numpy only.
+
+Variances follow the library convention: *per user* (divide by n), for a fixed population of values, as a
+function of the true fraction(s) involved. ``range_variance(a, b, f)`` is the per-user variance of the range
+estimate of the inclusive bucket range [a, b] when a fraction f of users lies in it; mechanisms without a closed
+form (Square Wave + EMS) set ``analytic_variance = False`` and raise ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import numpy as np
+
+from protocols.base import Mechanism, check_int
+from protocols.distribution.grid import unit_to_bucket
+from protocols.distribution.result import DistributionEstimate
+
+__all__ = ["DistributionMechanism", "check_range"]
+
+
+def check_range(a: Any, b: Any, D: int) -> tuple[int, int]:
+    """An inclusive bucket range ``0 ≤ a ≤ b < D`` (ValueError otherwise)."""
+    a = check_int(a, "a", minimum=0, maximum=D - 1)
+    b = check_int(b, "b", minimum=0, maximum=D - 1)
+    if a > b:
+        raise ValueError(f"range [a, b] needs a <= b, got a={a}, b={b}")
+    return a, b
+
+
+class DistributionMechanism(Mechanism):
+    """ε-LDP histogram / range / CDF estimation over D ordered buckets."""
+
+    D: int
+    #: The histogram and range estimates are unbiased (False for Square Wave's EMS).
+    unbiased: bool = True
+    #: ``range_variance`` has a closed form.
+    analytic_variance: bool = True
+    #: Short method name used in results and by :func:`~protocols.distribution.choose.choose_distribution_mechanism`.
+    method: str = ""
+
+    # ------------------------------------------------------------------ client
+    def privatize_unit(self, u: Any, rng: np.random.Generator) -> np.ndarray:
+        """Privatize unit values u ∈ [0, 1] (bucketised on the public grid first)."""
+        return self.privatize(unit_to_bucket(u, self.D), rng)
+
+    # ------------------------------------------------------------------ server
+    @abstractmethod
+    def estimate(self, reports: Any) -> np.ndarray:
+        """Estimated fraction of users in each of the D buckets."""
+
+    def range_query(self, reports: Any, a: int, b: int) -> float:
+        """Estimated fraction of users in buckets [a, b]: the sum of the histogram (flat, Haar, Square Wave)."""
+        a, b = check_range(a, b, self.D)
+        return float(np.sum(self.estimate(reports)[a : b + 1]))
+
+    def prefix_estimates(self, reports: Any) -> np.ndarray:
+        """Raw CDF estimates ``F̂_j`` = range [0, j], j = 0..D-1 (default: cumulative sum of the histogram)."""
+        return np.cumsum(self.estimate(reports))
+
+    @abstractmethod
+    def range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:
+        """Per-user variance of the range estimate of [a, b] at true range fraction f (divide by n)."""
+
+    def variance(self, f: Any = 0.0) -> Any:
+        """Per-user variance of one bucket's estimate at true bucket fraction f (the same for every bucket)."""
+        return self.range_variance(0, 0, f)
+
+    def n_reports(self, reports: Any) -> int:
+        return int(np.asarray(reports).shape[0])
+
+    def distribution(self, reports: Any, level: float = 0.95, edges: Any = None) -> DistributionEstimate:
+        """Histogram, CDF (at right bucket edges), their plug-in analytic variances and the derived quantiles
+        (:class:`DistributionEstimate`). Plug-in: each variance is evaluated at the raw estimate clipped to [0, 1]."""
+        hist = np.asarray(self.estimate(reports), dtype=float)
+        cdf = np.asarray(self.prefix_estimates(reports), dtype=float)
+        hv = cv = None
+        if self.analytic_variance:
+            hv = np.array([self.range_variance(j, j, float(np.clip(hist[j], 0, 1))) for j in range(self.D)])
+            cv = np.array([self.range_variance(0, j, float(np.clip(cdf[j], 0, 1))) for j in range(self.D)])
+        return DistributionEstimate(hist, cdf, self.n_reports(reports), self.method, self.unbiased, hv, cv, level,
+                                    None if edges is None else np.asarray(edges, dtype=float))
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "D": self.D}

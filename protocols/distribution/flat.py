@@ -1,0 +1,85 @@
+"""Flat baselines: bucketise the value and report the bucket with a frequency oracle (OUE or OLH) over D items.
+
+Wraps :class:`protocols.frequency.OUE` / :class:`protocols.frequency.OLH` (Wang, Blocki, Li, Jha, USENIX Security
+2017); nothing is re-implemented. Privacy is exactly the oracle's ε. A range [a, b] is the sum of the ℓ = b-a+1
+unbiased bucket estimates, so it is unbiased, with per-user variance (fixed population, true range fraction f)
+
+    Var = (f·p(1-p) + (ℓ - f)·q(1-q)) / (p - q)²
+
+(for a user in the range one supported item has probability p, the other ℓ-1 probability q; for a user outside,
+all ℓ have probability q). For OUE this is exact: the bits are independent given the value. For OLH, q = 1/g
+and the formula takes the supports of distinct items by a non-holder as independent; that holds for pairs (the
+hash family is 2-universal) but not for larger sets (``((a·v+b) mod P) mod g`` is not 3-wise independent), so for
+ℓ ≥ 2 the OLH range variance is the idealised formula of the literature (Cormode, Kulkarni, Srivastava 2019) and
+an approximation here; ℓ = 1 is exact. ``tests/protocols/distribution/test_distribution_stats.py`` measures the gap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from protocols.base import check_epsilon, check_int
+from protocols.distribution.base import DistributionMechanism, check_range
+from protocols.distribution.grid import MAX_BUCKETS
+from protocols.frequency import OLH, OUE
+
+__all__ = ["FlatOracle", "ORACLES", "check_oracle", "oracle_range_variance"]
+
+#: The level/bucket oracles offered, by their lower-case class names (the catalogue wire names of OUE and OLH).
+ORACLES = tuple(cls.__name__.lower() for cls in (OUE, OLH))
+
+
+def check_oracle(oracle: Any) -> str:
+    if oracle not in ORACLES:
+        raise ValueError(f"oracle must be one of {ORACLES}, got {oracle!r}")
+    return str(oracle)
+
+
+def make_oracle(oracle: str, epsilon: float, k: int) -> Any:
+    return OUE(epsilon, k) if oracle == "oue" else OLH(epsilon, k)
+
+
+def oracle_range_variance(p: float, q: float, length: Any, f: Any) -> Any:
+    """``(f·p(1-p) + (ℓ - f)·q(1-q))/(p - q)²``: per-user variance of the sum of ℓ unbiased item estimates."""
+    f = np.asarray(f, dtype=float)
+    return (f * p * (1 - p) + (np.asarray(length, dtype=float) - f) * q * (1 - q)) / (p - q) ** 2
+
+
+class FlatOracle(DistributionMechanism):
+    """The bucket reported with OUE or OLH over [0, D); ranges are sums. See the module docstring."""
+
+    def __init__(self, epsilon: float, D: int, oracle: str = "oue") -> None:
+        self.epsilon = check_epsilon(epsilon)
+        self.D = check_int(D, "D", minimum=2, maximum=MAX_BUCKETS)
+        self.oracle_name = check_oracle(oracle)
+        self.oracle = make_oracle(self.oracle_name, self.epsilon, self.D)
+        self.epsilon = self.oracle.epsilon
+        self.p, self.q = self.oracle.p, self.oracle.q
+        self.method = f"flat_{self.oracle_name}"
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "oracle": self.oracle_name}
+
+    def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
+        """The oracle's reports: OUE (n, D) uint8 bits; OLH (n, 2) int64 [seed, y]."""
+        return self.oracle.privatize(values, rng)
+
+    def likelihood(self, reports: Any, value: int) -> np.ndarray:
+        """Exact P[report | bucket] (OLH: given the public seed) — the oracle's own."""
+        return self.oracle.likelihood(reports, value)
+
+    def estimate(self, reports: Any) -> np.ndarray:
+        return np.asarray(self.oracle.estimate(reports), dtype=float)
+
+    def estimate_counts(self, counts: Any, n: int) -> np.ndarray:
+        """From the oracle's sufficient statistics (support counts, n)."""
+        return np.asarray(self.oracle.estimate_counts(counts, n), dtype=float)
+
+    def n_reports(self, reports: Any) -> int:
+        return self.oracle.n_reports(reports)
+
+    def range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:
+        a, b = check_range(a, b, self.D)
+        return oracle_range_variance(self.p, self.q, b - a + 1, f)
