@@ -50,7 +50,7 @@ test: $(TESTENV)
 	$(BIN)/python -m pytest -m "not slow"
 
 audit: $(TESTENV)
-	HAARVEST_AUDIT_TRIALS=1000000 $(BIN)/python -m pytest -q tests/audit -m "slow or not slow"
+	HAARVEST_AUDIT_TRIALS=1000000 $(BIN)/python -m pytest -q -m audit
 
 bench: $(BENCHENV)
 	$(BIN)/python -m simulations.bench $(BENCH_ARGS)

@@ -60,7 +60,7 @@ def memo_key(secret: bytes, stream: str, spec: str, canonical_values: list[Any])
     ``canonical_values`` lists one :func:`canonical_value` per dimension of the record (grid indices and step
     exponents of rounded dimensions). The cache never sees raw values, only this key. The edge agent calls this
     function; the fleet simulator (:mod:`simulations.fleet_pipeline`) finds repeated keys from the same canonical
-    values (:func:`canonical_codes`), and tests/unit/test_fleet_pipeline_equivalence.py checks that the keys of its
+    values (:func:`canonical_codes`), and tests/simulations/test_fleet_pipeline_equivalence.py checks that the keys of its
     canonical values are the device's.
     """
     if not isinstance(secret, (bytes, bytearray)) or len(secret) < 32:

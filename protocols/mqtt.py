@@ -3,7 +3,7 @@ one paho client factory (paho-mqtt ≥ 2.1, ``CallbackAPIVersion.VERSION2``).
 
 Used by :mod:`edge_agent.transport` (the device's connection) and ``coordinator rounds`` (:mod:`coordinator.cli`,
 the round publisher). :mod:`coordinator.mqtt_receiver` imports nothing but paho (a separate, light process), so it
-repeats the few settings it needs; ``tests/unit/test_mqtt_setup.py`` checks that they agree with this module.
+repeats the few settings it needs; ``tests/protocols/test_mqtt.py`` checks that they agree with this module.
 
 **Protocol settings** (the ``protocol`` option of both sides): ``"5"``, ``"3.1.1"``, or ``"auto"`` — MQTT 5 first,
 then 3.1.1 (:data:`ATTEMPTS`, :func:`attempts`).

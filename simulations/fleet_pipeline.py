@@ -24,7 +24,7 @@ numpy; the equivalence test below checks that they agree bit for bit):
    the ``device`` unit (every report charged).
 
 What this module adds is only the driving: every device at once, and the fleet's estimates. The equivalence test,
-tests/unit/test_fleet_pipeline_equivalence.py, drives real agents (:class:`edge_agent.Agent`) and this simulator on
+tests/simulations/test_fleet_pipeline_equivalence.py, drives real agents (:class:`edge_agent.Agent`) and this simulator on
 the same readings and offsets and pins them together: per device and round the same rounded and normalised values,
 canonical values (and memo keys), memo hits and charges. (One known difference, kept there as a strict xfail: a
 reading of -0.0 on an unrounded dimension — the device keys it apart from 0.0, while

@@ -1,8 +1,14 @@
-"""Shared test fixtures. Tests take explicit seeds; product code never does."""
+"""Shared test fixtures. Tests take explicit seeds; product code never does.
+
+A test's kind (audit, statistical, integration, fault, fuzz, slow) is a marker its file sets (``pytestmark``), so
+``pytest -m audit`` or ``-m "not integration"`` select by kind wherever the file lives (tests/README.md)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,20 +20,6 @@ AUDIT_TRIALS = int(os.environ.get("HAARVEST_AUDIT_TRIALS", "20000"))
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 
 
-#: A test's kind is a marker (``pytest -m audit``, ``-m "not integration"``): the directory it lives in says which.
-KIND_BY_DIRECTORY = {"audit": "audit", "statistical": "statistical", "integration": "integration",
-                     "deploy": "integration", "flower": "integration", "fault": "fault", "fuzz": "fuzz"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before `-m` selects by markers
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        parts = item.path.relative_to(config.rootpath).parts
-        kind = KIND_BY_DIRECTORY.get(parts[1]) if len(parts) > 2 and parts[0] == "tests" else None
-        if kind is not None and item.get_closest_marker(kind) is None:
-            item.add_marker(getattr(pytest.mark, kind))
-
-
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261122)
@@ -36,3 +28,26 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def audit_trials() -> int:
     return AUDIT_TRIALS
+
+
+# Device state on tmpfs when the machine has one, for the Flower tests (every report is an fsync'ed SQLite commit;
+# on a real disk a thousand simulated devices would spend minutes in fsync).
+
+
+def _tmpfs_dir(prefix: str) -> Path:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+@pytest.fixture
+def fast_path():
+    path = _tmpfs_dir("haarvest-flower-test-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fast_module_path():
+    path = _tmpfs_dir("haarvest-flower-mod-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -11,7 +11,7 @@ all ℓ have probability q). For OUE this is exact: the bits are independent giv
 and the formula takes the supports of distinct items by a non-holder as independent; that holds for pairs (the
 hash family is 2-universal) but not for larger sets (``((a·v+b) mod P) mod g`` is not 3-wise independent), so for
 ℓ ≥ 2 the OLH range variance is the idealised formula of the literature (Cormode, Kulkarni, Srivastava 2019) and
-an approximation here; ℓ = 1 is exact. ``tests/statistical/test_distribution_stats.py`` measures the gap.
+an approximation here; ℓ = 1 is exact. ``tests/protocols/distribution/test_distribution_stats.py`` measures the gap.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ until the log-likelihood ``Σ_j c_j·log (M x)_j`` improves by less than ``tol``
 **Bias.** EMS is a penalised (smoothed) maximum-likelihood estimator: it is **biased** (smoothing flattens sharp
 features; non-negativity pulls up empty buckets) and has **no closed-form variance**, so ``unbiased = False``,
 ``analytic_variance = False``, :meth:`range_variance` raises, and the ``auto`` policy excludes Square Wave
-(its accuracy is measured instead: ``tests/statistical/test_distribution_stats.py``).
+(its accuracy is measured instead: ``tests/protocols/distribution/test_distribution_stats.py``).
 """
 
 from __future__ import annotations

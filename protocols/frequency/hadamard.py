@@ -51,7 +51,7 @@ Default (:func:`choose_rows`): the cheapest admissible design whose variance at 
 (:data:`VARIANCE_TOLERANCE`) of ``4e^ε/(e^ε-1)²``; if none is, the one of least variance
 (:func:`least_variance_rows`). ``rows=`` forces any admissible design. Within 1.1× means ``0.537·e^ε ≤ t-1 ≤
 1.863·e^ε`` for m ≥ 1 and ``k - 2 ≤ 3.4·e^ε`` for direct response. Measured on ε = 0.05…10 (step 0.05,
-``tests/unit/test_hadamard.py``), every k ≤ 2^14 gets a design within 1.1× (the default reaches 1.09999× at k =
+``tests/protocols/frequency/test_hadamard.py``), every k ≤ 2^14 gets a design within 1.1× (the default reaches 1.09999× at k =
 15,122, ε = 8.4, and 1.0991× at the tested k; the least-variance design reaches 1.0772×), never with a larger K
 than the least-variance design; where the latter is within 1.1× the default usually saves a factor 2 in K, and
 sometimes far more: k = 10,000 at ε = 8 takes direct response (K = 10,000, 1.0885×) instead of m = 12 (K = 2^26,

@@ -333,7 +333,7 @@ class MemoizedProtocol(LongitudinalProtocol):
         e^{irr_input_epsilon} when its input changes, and at most ``reports`` inputs can change. Memoization buys
         nothing under this unit: the per-report charge is the IRR's ε for an arbitrary input change, never less
         than ε1. Checked against exact enumeration for every pair of sequences with τ ≤ 4 over small domains
-        (tests/unit/test_privacy_units.py).
+        (tests/edge_agent/test_privacy_units.py).
         """
         return check_int(reports, "reports", 0) * self.irr_input_epsilon
 

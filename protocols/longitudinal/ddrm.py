@@ -28,7 +28,7 @@ randomized afresh from the device's rng. So :class:`DDRM` and :class:`Categorica
 :class:`~protocols.longitudinal.base.LongitudinalProtocol` (not the memoized layer) and their clients from
 :class:`~protocols.longitudinal.base.LongitudinalClient`: they have no ``n_slots``, ``memo_slots``, ``_charge``,
 ``_slot``, ``_draw_prr``, ``_irr``, ``secret`` or ``memo``, and everything they expose works
-(``tests/unit/test_longitudinal_ddrm_interface.py``).
+(``tests/protocols/longitudinal/test_ddrm.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Vector (one row of d values per user, :class:`VectorMeanMechanism`): :class:`KSa
 Every class validates its parameters (ValueError), privatizes vectorised over users, debiases to unbiased
 per-user estimates, and gives the exact per-user ``variance(t)`` and ``worst_case_variance()``. Continuous
 scalar mechanisms expose ``pdf(t, y)``, discrete ones ``pmf``/``output_probabilities``, so that the privacy
-claim can be checked exactly (tests/unit/test_numeric.py) and empirically (tests/audit/test_audit_numeric.py).
+claim can be checked exactly (tests/protocols/numeric/test_numeric.py) and empirically (tests/protocols/numeric/test_numeric_audit.py).
 """
 
 from ._common import MAX_EPSILON, VectorMeanMechanism

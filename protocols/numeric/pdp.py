@@ -3,7 +3,7 @@
 Origin: D. Zhang, W. Ni, N. Fu, L. Hou, R. Zhang, *Locally differentially private multi-dimensional data
 collection via Haar transform*, Computers & Security 130:103291, 2023 (PPMC); restated in thesis 003, §3-1-3.
 The thesis's reference code centres the output *support* on the input, so two inputs further apart than the
-support have disjoint outputs (ε = ∞; see tests/audit/thesis_controls.py). This version fixes the support to
+support have disjoint outputs (ε = ∞; see tests/protocols/numeric/thesis_controls.py). This version fixes the support to
 ``[-b, b]`` for every input — the only change needed to make the density-ratio argument true.
 """
 

@@ -9,7 +9,7 @@ under advanced and Rényi composition at δ = 10⁻⁶ for the median and the mo
 
 What the charge covers (see :mod:`protocols.longitudinal.base`): memoization bounds what the transcript reveals about
 the *values*; *when* a value changes is protected only by the fresh IRR (ε1 per report), and not at all without one
-(dBitFlipPM, 1BitMean with γ = 0) — tests/audit/test_audit_longitudinal.py demonstrates that leak.
+(dBitFlipPM, 1BitMean with γ = 0) — tests/protocols/longitudinal/test_longitudinal_audit.py demonstrates that leak.
 """
 
 from __future__ import annotations

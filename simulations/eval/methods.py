@@ -1,6 +1,6 @@
 """The mechanisms the evaluation compares, the audits that verify their ε, and the mean-error computations.
 
-Only mechanisms whose ε is checked exactly (tests/unit) and empirically (tests/audit) are compared; :data:`AUDITS`
+Only mechanisms whose ε is checked exactly (unit tests) and empirically (audit tests) are compared; :data:`AUDITS`
 names the audit test of each (the report's audit table), and :func:`audit_rows` checks that every test file it names
 exists so the report never cites a missing audit.
 """
@@ -38,17 +38,17 @@ __all__ = [
     "run_vector_mean",
 ]
 
-_NUMERIC_AUDIT = "tests/audit/test_audit_numeric.py"
-_FREQ_AUDIT = "tests/audit/test_audit_frequency.py"
-_LONG_AUDIT = "tests/audit/test_audit_longitudinal.py"
-_PIPELINE_AUDIT = "tests/audit/test_audit_pipeline.py"
+_NUMERIC_AUDIT = "tests/protocols/numeric/test_numeric_audit.py"
+_FREQ_AUDIT = "tests/protocols/frequency/test_frequency_audit.py"
+_LONG_AUDIT = "tests/protocols/longitudinal/test_longitudinal_audit.py"
+_PIPELINE_AUDIT = "tests/protocols/pipeline/test_record_audit.py"
 
 #: mechanism label → the audit test(s) that check its claimed ε (pytest node ids, relative to the repo root).
 AUDITS: dict[str, str] = {
     "Haar record": f"{_PIPELINE_AUDIT}::test_default_record_mechanism_passes_the_audit, "
     "::test_even_split_passes_the_audit_with_power",
     "auto": "delegates to the chosen mechanism (Haar record, HM k-sampling or Duchi multi-dim: see their rows); "
-    "choice: tests/unit/test_pipeline.py",
+    "choice: tests/protocols/pipeline/test_auto.py",
     "HM k-sampling": f"{_NUMERIC_AUDIT}::test_audit_never_exceeds_claim[hybrid], [ksampling], "
     "::test_ksampling_with_k_two_is_audited_at_full_epsilon",
     "PM k-sampling": f"{_NUMERIC_AUDIT}::test_audit_never_exceeds_claim[piecewise], [ksampling]",
@@ -57,7 +57,7 @@ AUDITS: dict[str, str] = {
     "OUE": f"{_FREQ_AUDIT}::test_audit_never_exceeds_epsilon[OUE-*]",
     "OLH": f"{_FREQ_AUDIT}::test_audit_never_exceeds_epsilon[OLH-*]",
     "HR": f"{_FREQ_AUDIT}::test_audit_never_exceeds_epsilon[HR-*]",
-    "HaarHRR": "tests/audit/test_audit_haarhrr.py::test_haarhrr_audit",
+    "HaarHRR": "tests/protocols/test_haar_audit.py::test_haarhrr_audit",
     "L-GRR": f"{_LONG_AUDIT}::test_lgrr_transcript_audit",
     "L-OSUE": f"{_LONG_AUDIT}::test_unary_chain_transcript_audit[*-LOSUE]",
     "BiLOLOHA / OLOLOHA": f"{_LONG_AUDIT}::test_loloha_transcript_audit[*-2], [*-optimal]",

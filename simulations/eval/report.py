@@ -18,7 +18,7 @@ PARTIAL_REPORT_NAME = "results-partial.md"
 
 _PREAMBLE = """\
 This report reproduces the experiments of the source thesis (chapter 5) **honestly**: every mechanism runs at a
-privacy level that is checked exactly (tests/unit) and empirically (tests/audit), with the same budget and the same
+privacy level that is checked exactly (unit tests) and empirically (audit tests), with the same budget and the same
 protocol for every compared method. The thesis reported that its Haar/GPM method beats PM, the Piecewise/Duchi
 mechanism, RAPPOR, LOLOHA and dBitFlipPM; its reference code achieved that by not being private (SPEC §2.4: its GPM
 is about (d+1)·ε-LDP, its PDP ε = ∞, and it returned most coefficients unperturbed). Here the comparison is at

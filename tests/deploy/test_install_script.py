@@ -24,6 +24,8 @@ import pytest
 from coordinator import pki
 from edge_agent.config import load_config
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "pi" / "install.sh"
 EXAMPLE = REPO / "deploy" / "pi" / "agent.toml.example"

@@ -19,6 +19,8 @@ import pytest
 from coordinator import pki
 from tests.brokers import free_port, shipped_tls_conf, wait_port
 
+pytestmark = pytest.mark.integration
+
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 

@@ -1,0 +1,220 @@
+"""Durable state: atomic report transactions, caps, outbox bounds, append-only ledger, invariants."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from edge_agent.agent import Agent
+from edge_agent.embed import new_identity, numeric
+from edge_agent.sources import CallableSource
+from edge_agent.state import SCHEMA_VERSION, Refused, ReportRequest, State
+from tests.edge_agent.signed_rounds import HYBRID_LOAD, round_config
+
+
+def _req(stream="s", key="k", eps=1.0, cap=10.0, round_id="r", round_cap=None, body=None, payload_exc=None):
+    def make_payload(seq, b):
+        if payload_exc:
+            raise payload_exc
+        return "t/x", f'{{"seq":{seq}}}'.encode()
+
+    return ReportRequest(stream=stream, round_id=round_id, memo_key=key, spec="{}", mechanism="m", epsilon=eps,
+                         stream_cap=cap, round_cap=round_cap, make_body=lambda: body or {"report": 1.0},
+                         make_payload=make_payload)
+
+
+def _commit(st, reqs, total=100.0, period=None, max_pending=1000, now=None):
+    return st.commit_reports(reqs, total_cap=total, renewal_period_s=period, max_pending=max_pending, now=now)
+
+
+def test_boot_counter_and_integrity(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        assert st.begin_boot() == 1 and st.integrity_check() == ["ok"]
+        assert st._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert st._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    with State(tmp_path / "a.db") as st:
+        assert st.begin_boot() == 2
+
+
+def test_memo_hit_and_charge(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        (c1,) = _commit(st, [_req(key="a", body={"report": 7})])
+        (c2,) = _commit(st, [_req(key="a", body={"report": 99})])
+        assert (c1.seq, c1.charged, c1.memo_hit) == (0, 1.0, False)
+        assert (c2.seq, c2.charged, c2.memo_hit, c2.body) == (1, 0.0, True, {"report": 7})
+        assert st.spent() == 1.0 and st.pending_count() == 2
+        assert st.check_invariants()["ok"]
+
+
+def test_caps_refuse_and_write_nothing(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        res = _commit(st, [_req(key=str(i), cap=2.5) for i in range(4)])
+        assert [type(r).__name__ for r in res] == ["Commit", "Commit", "Refused", "Refused"]
+        assert res[2].reason == "stream_cap"
+        assert st.spent() == 2.0 and st.next_seq == 2 and st.pending_count() == 2
+        (r,) = _commit(st, [_req(stream="other", key="z", cap=5)], total=2.5)
+        assert isinstance(r, Refused) and r.reason == "total_cap"
+        (hit,) = _commit(st, [_req(key="0", cap=2.5)])  # a memo hit costs nothing: still allowed
+        assert hit.memo_hit and hit.charged == 0
+        assert st.counters()["refused_stream_cap"] == 2 and st.counters()["refused_total_cap"] == 1
+        with pytest.raises(Refused, match="stream_cap"):
+            st.commit_report(total_cap=100, renewal_period_s=None, max_pending=10, **vars(_req(key="9", cap=2.5)))
+        assert st.check_invariants()["ok"]
+
+
+def test_round_budget(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        res = _commit(st, [_req(stream=s, key=s, round_cap=2.0) for s in "abc"])
+        assert [getattr(r, "reason", None) for r in res] == [None, None, "round_budget"]
+        (ok,) = _commit(st, [_req(stream="c", key="c", round_id="next", round_cap=2.0)])
+        assert ok.charged == 1.0
+
+
+def test_renewal_period_is_a_sliding_window(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        assert all(not isinstance(r, Refused) for r in _commit(st, [_req(key="a"), _req(key="b")], total=2, period=100, now=1000))
+        (r,) = _commit(st, [_req(key="c")], total=2, period=100, now=1050)
+        assert isinstance(r, Refused) and r.reason == "total_cap"
+        (ok,) = _commit(st, [_req(key="d")], total=2, period=100, now=1101)
+        assert ok.charged == 1.0
+        # a clock stepped back cannot reopen budget: ledger timestamps never decrease
+        (r2,) = _commit(st, [_req(key="e")], total=2, period=100, now=500)
+        assert isinstance(r2, Refused) and r2.reason == "total_cap"
+        ts = [row["ts"] for row in st.ledger_rows()]
+        assert ts == sorted(ts)
+
+
+def test_outbox_full_refuses_without_charging(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        res = _commit(st, [_req(key=str(i)) for i in range(3)], max_pending=2)
+        assert getattr(res[2], "reason", None) == "outbox_full"
+        assert st.spent() == 2.0
+        st.mark_sent([0])
+        (ok,) = _commit(st, [_req(key="x")], max_pending=2)
+        assert ok.seq == 2
+
+
+def test_failures_roll_back_everything(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        (r,) = _commit(st, [_req(key="a", payload_exc=Refused("too_large"))])
+        assert isinstance(r, Refused) and st.spent() == 0 and st.next_seq == 0
+
+        def boom():
+            raise RuntimeError("mechanism bug")
+
+        bad = ReportRequest(stream="s", round_id="r", memo_key="b", spec="{}", mechanism="m", epsilon=1, stream_cap=9,
+                            make_body=boom, make_payload=lambda s, b: ("t", b"x"))
+        with pytest.raises(RuntimeError):
+            _commit(st, [_req(key="ok"), bad])
+        assert st.spent() == 0 and st.next_seq == 0 and st.pending_count() == 0  # the whole batch rolled back
+
+
+def test_ledger_is_append_only(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        _commit(st, [_req()])
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            st._db.execute("UPDATE ledger SET epsilon = 0.1")
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            st._db.execute("DELETE FROM ledger")
+
+
+def test_outbox_order_ack_and_compaction(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        _commit(st, [_req(key=str(i)) for i in range(6)])
+        assert [r.seq for r in st.pending(limit=3)] == [0, 1, 2]
+        assert [r.seq for r in st.pending(after_seq=2)] == [3, 4, 5]
+        assert st.mark_sent([0, 1, 2]) == 3 and st.mark_sent([0]) == 0
+        st.mark_sent([3], status="rejected")
+        assert [r.seq for r in st.pending()] == [4, 5]
+        assert st.compact(keep_sent=1) == 3
+        tot = st.outbox_totals()
+        assert tot["compacted"] == {"count": 3, "epsilon": 3.0}
+        assert st.check_invariants()["ok"] and st.integrity_check() == ["ok"]
+        with pytest.raises(ValueError):
+            st.mark_sent([4], status="lost")
+
+
+def test_rounds_and_rounding_tables(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        assert st.round_seen("r1") is None
+        st.record_round("r1", "answered")
+        assert st.round_seen("r1") == "answered"
+        st.save_rounding({"cpu": {"u": [0.25]}})
+        assert st.load_rounding() == {"cpu": {"u": [0.25]}}
+        st.bump({"x": 2})
+        st.bump({"x": 1})
+        assert st.counters()["x"] == 3
+        s = st.status()
+        assert s["rounds"] == {"answered": 1} and s["boot"] == 0
+
+
+def test_one_batch_with_a_repeated_memo_key_charges_once(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        c1, c2 = _commit(st, [_req(key="a", body={"report": 7}), _req(key="a", body={"report": 99})])
+        assert (c1.charged, c1.memo_hit, c2.charged, c2.memo_hit, c2.body) == (1.0, False, 0.0, True, {"report": 7})
+        assert st._db.execute("SELECT hits FROM memo WHERE key = 'a'").fetchone()[0] == 1
+        assert st.spent() == 1.0 and st.next_seq == 2 and st.check_invariants()["ok"]
+
+
+def test_round_record_rounding_counters_and_sent_marks_commit_with_the_reports(tmp_path):
+    with State(tmp_path / "a.db") as st:
+        (c0,) = _commit(st, [_req(key="a")])
+        assert st.backlog == 0
+        (c1,) = st.commit_reports([_req(key="b")], total_cap=100.0, renewal_period_s=None, max_pending=10,
+                                  round_record=("r2", "answered", ""), rounding={"cpu": {"u": [0.5]}},
+                                  counters={"clipped.cpu": 2}, sent=[c0.seq])
+        assert st.backlog == 0  # c0 was marked sent in the same transaction
+        assert st.round_seen("r2") == "answered" and st.load_rounding() == {"cpu": {"u": [0.5]}}
+        assert st.counters()["clipped.cpu"] == 2 and st.pending_count() == 1 and st.next_seq == 2
+        (c2,) = _commit(st, [_req(key="c")])
+        assert st.backlog == 1  # c1 is still pending
+        # a failing batch (an exception that is not a refusal) leaves none of it: no round record, no mark, no row
+        def boom():
+            raise RuntimeError("privatize failed")
+
+        bad = ReportRequest(stream="s", round_id="r3", memo_key="d", spec="{}", mechanism="m", epsilon=1.0,
+                            stream_cap=10.0, make_body=boom, make_payload=lambda seq, b: ("t/x", b"{}"))
+        with pytest.raises(RuntimeError):
+            st.commit_reports([bad], total_cap=100.0, renewal_period_s=None, max_pending=10,
+                              round_record=("r3", "answered", ""), sent=[c1.seq, c2.seq])
+        assert st.round_seen("r3") is None and st.pending_count() == 2 and st.next_seq == 3
+        assert st.check_invariants()["ok"]
+
+
+# The ledger records δ only for (ε, δ) mechanisms
+
+
+def test_pure_mechanisms_leave_delta_null(tmp_path):
+    a = Agent(round_config(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD), CallableSource(lambda: {"load": 5.0}),
+              secrets=new_identity(), transport=False).open()
+    a.report("r1")
+    assert [r["delta"] for r in a.state.ledger_rows()] == [None] and a.state.spent_delta() == 0.0
+    a.close()
+
+
+# An older state database is migrated in place
+
+
+def test_version_1_state_database_is_migrated_in_place(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL);
+        CREATE TABLE ledger (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, stream TEXT NOT NULL,
+            round_id TEXT NOT NULL, epsilon REAL NOT NULL CHECK (epsilon > 0), memo_key TEXT NOT NULL,
+            seq INTEGER NOT NULL, mechanism TEXT NOT NULL);
+        CREATE TRIGGER ledger_append_only_u BEFORE UPDATE ON ledger
+            BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END;
+        INSERT INTO meta VALUES ('schema_version', 1);
+        INSERT INTO ledger (ts, stream, round_id, epsilon, memo_key, seq, mechanism) VALUES (1, 's', 'r', 0.5, 'k', 0, 'grr');
+    """)
+    db.commit()
+    db.close()
+    with State(path) as st:
+        assert [r["delta"] for r in st.ledger_rows()] == [None] and st.spent() == 0.5
+        # every charge before privacy units was a per-value memo charge
+        assert [r["unit"] for r in st.ledger_rows()] == ["value"] and st.spent_by_unit() == {"value": 0.5}
+        assert int(st._get("schema_version")) == SCHEMA_VERSION == 3
+    with State(path) as st:  # idempotent
+        assert len(list(st.ledger_rows())) == 1
