@@ -156,6 +156,7 @@ def test_agents_reports_are_accepted_and_estimated_by_the_coordinator(tmp_path):
                   transport=False).open()
         store.upsert_device(cfg.device_id, a.secrets.public_key_b64)
         agents.append(a)
+    v.refresh_devices()  # enrolled after the validator started: as `coordinator enroll-device` notifies it
     rc = rounds.open_round("r1", 50.0, {"streams": agents[0].stream_specs()})
     accepted = [v.check(wire.report_topic(a.config.device_id), a.handle_round(rc.to_bytes()).commits[0].payload)
                 for a in agents]
