@@ -357,7 +357,8 @@ def drain(port: int, work: Path, db: Path, topics_file: Path, n: int, protocol: 
     runs = len(sup.exits) + 1
     return {"rate": overall, "rate_within": within, "gaps": gaps, "exits": sup.exits, "errors": sup.errors(),
             "restart_s": sup.delay, "duplicates": counters.get("duplicate", 0), "queue_rate": queue_rate,
-            "startup_s": startup_s, "startup_cpu": startup_cpu, "cpu_us": 1e6 * (sup.cpu_seconds - runs * startup_cpu) / n,
+            "startup_s": startup_s, "startup_cpu": startup_cpu,
+            "cpu_us": 1e6 * (sup.cpu_seconds - runs * startup_cpu) / n,
             "rss_main": sup.rss_main, "rss_receiver": sup.rss_receiver,
             "load": {"queue": (load_q0, load_q1), "drain": (load_d0, load_d1)}}
 
@@ -443,7 +444,8 @@ def measure_latency(db: str, reps: int, old_reps: int) -> dict[str, Any]:
         n = sum(store.report_counts(ROUND).values())
         counts.append(time.perf_counter() - t0)
     store.close()
-    return {"n": n, "counts": counts, "cold": cold, "new": new, "whole": whole, "old": old, "http_cold": http[0], "http": http[1:],
+    return {"n": n, "counts": counts, "cold": cold, "new": new, "whole": whole, "old": old, "http_cold": http[0],
+            "http": http[1:],
             "agree": agree, "estimates": estimates}
 
 
@@ -469,7 +471,8 @@ def sizes_for(n: int) -> list[int]:
 def measure(n: int, protocol: str = "5", reps: int = 20, old_reps: int = 5) -> dict[str, Any]:
     """Every measurement of the section (see the module docstring), as plain data for :func:`render`."""
     res: dict[str, Any] = {"n": n, "protocol": protocol, "reps": reps, "old_reps": old_reps,
-                           "old_reps_full": max(2, old_reps // 2), "load_start": _load()}
+                           "old_reps_full": max(2, old_reps // 2), "load_start": _load(),
+                           "date": time.strftime("%Y-%m-%d")}
     work = Path(tempfile.mkdtemp(prefix="haarvest-bench-fleet-"))
     broker = _Broker(work / "broker", max_queued=n + 1000)
     try:
@@ -572,7 +575,8 @@ def render(res: dict[str, Any]) -> str:
     out = [
         "## Fleet scale: one round, one coordinator",
         "",
-        f"{n:,} enrolled devices with HMAC-SHA256 report keys (enrolled in {res['enrol_s']:.1f} s: one "
+        f"Measured {res['date']}. {n:,} enrolled devices with HMAC-SHA256 report keys (enrolled in "
+        f"{res['enrol_s']:.1f} s: one "
         "`executemany` into the devices table, one transaction), one round of three streams — "
         + ", ".join(_stream_text(name, st) for name, st in res["streams"].items())
         + f" — each device reporting one stream: {n:,} reports of {res['size']:.0f} bytes on average, privatized "
