@@ -188,7 +188,7 @@ class ApiServer:
         return any(hmac.compare_digest(raw, t) for t in self.tokens)
 
     def _round_count(self, round_id: str) -> int:
-        return sum(self.store.report_counts(round_id).values())
+        return self.store.round_report_count(round_id)
 
     def _cached(self, key: tuple, count: int) -> dict[str, Any] | None:
         """The cached estimates for ``key`` if still good: same number of stored reports, or younger than

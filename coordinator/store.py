@@ -201,6 +201,11 @@ class Store(ABC):
         replace the stored ones and clear the stale mark: (the statistics before, or None, and after)."""
 
     @abstractmethod
+    def round_report_count(self, round_id: str) -> int:
+        """Reports stored for a round: the aggregates' n (a few rows) and, for stale streams only, a count of their
+        reports — what an estimate cache keys on, whatever the number of reports."""
+
+    @abstractmethod
     def stale_aggregates(self) -> set[tuple[str, str]]:
         """(round_id, stream) pairs whose aggregates must be rebuilt before they are used."""
 
@@ -448,6 +453,16 @@ class _SQLStore(Store):
 
     def stale_aggregates(self) -> set[tuple[str, str]]:
         return {(a, b) for a, b in self._exec("SELECT round_id, stream FROM aggregates_stale")}
+
+    def round_report_count(self, round_id: str) -> int:
+        with self._lock:
+            stale = [s for (s,) in self._exec("SELECT stream FROM aggregates_stale WHERE round_id = ?", (round_id,))]
+            kept = self._exec("SELECT stream, SUM(n) FROM aggregates WHERE round_id = ? GROUP BY stream", (round_id,))
+            total = sum(int(n) for stream, n in kept if stream not in stale)
+            for stream in stale:
+                total += int(self._exec("SELECT COUNT(*) FROM reports WHERE round_id = ? AND stream = ?",
+                                        (round_id, stream))[0][0])
+        return total
 
     def _lock_writes(self, cur: Any) -> None:
         """Hold off other writers of reports until this transaction ends."""

@@ -195,3 +195,16 @@ def test_a_tampered_aggregate_is_caught_by_the_check(tmp_path):
     con.close()
     checks = {c.stream: c.status for c in check_aggregates(SQLiteStore(tmp_path / "a.db"))}
     assert checks["app"] == "differ" and checks["cpu"] == "agree"
+
+
+def test_round_report_count_reads_the_aggregates_and_counts_only_stale_streams(tmp_path):
+    fleet = SimFleet(25)
+    store, validator = _coordinator(tmp_path / "a.db", fleet)
+    msgs = _messages(fleet, np.random.default_rng(11))
+    half = len(msgs) // 2
+    store.commit_batch(_accept(validator, msgs[:half]), {}, validator.statistics)
+    assert store.round_report_count("r1") == half == sum(store.report_counts("r1").values())
+    store.commit_batch(_accept(validator, msgs[half:]), {})  # without aggregates: those streams become stale
+    assert store.stale_aggregates()
+    assert store.round_report_count("r1") == len(msgs) == sum(store.report_counts("r1").values())
+    assert store.round_report_count("nope") == 0
