@@ -66,6 +66,13 @@ REPORTS_WILDCARD = "haarvest/v1/reports/+"
 SESSION_EXPIRY = 7 * 24 * 3600
 #: Batches handed to the coordinator and not yet committed, at most (one committing, the next ones queued).
 MAX_BATCHES_IN_FLIGHT = 3
+#: Receipts published and not yet acknowledged by the broker, at most: past it a receipt is dropped (its device
+#: re-sends and is receipted as a duplicate). paho numbers a session's unacknowledged publishes with 16-bit ids, so
+#: an unbounded backlog (a broker busy delivering a deep queue acknowledges receipts slowly) reached 65,535 in the
+#: fleet-scale bench and then every publish — the round republished at start-up included — failed (ERR_QUEUE_SIZE).
+MAX_RECEIPTS_IN_FLIGHT = 10_000
+#: Outgoing QoS 1 publishes paho keeps in flight at once (paho's default is 20).
+MAX_OUTGOING_IN_FLIGHT = 1000
 #: On a draining stop, how long to wait for the coordinator to commit what was handed over.
 DRAIN_TIMEOUT = 20.0
 #: ``protocol="auto"``: a TCP connection without CONNACK for this long counts as a refusal of MQTT 5 (amqtt
@@ -134,6 +141,7 @@ def new_client(settings: IngestSettings, protocol: int) -> mqtt.Client:
                                    password=settings.password, tls=settings.use_tls, ca_certs=settings.tls_ca,
                                    certfile=settings.tls_cert, keyfile=settings.tls_key, manual_ack=True)
     client.max_queued_messages_set(0)
+    client.max_inflight_messages_set(MAX_OUTGOING_IN_FLIGHT)
     client.reconnect_delay_set(0.1, 5)
     return client
 
@@ -163,6 +171,10 @@ class Receiver:
         self.protocol = settings.first_protocol
         self._version_failures = 0
         self._connacked = False
+        self._receipt_lock = threading.Lock()  # never held while calling paho (its callbacks take this lock)
+        self._receipt_mids: set[int] = set()  # receipts published, not yet acknowledged by the broker
+        self._early_acks: set[int] = set()  # acknowledged before publish() returned (or not a receipt)
+        self.receipts_dropped = 0
         self.client = self._make_client()
 
     # ------------------------------------------------------------------ the pipe
@@ -184,6 +196,7 @@ class Receiver:
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
+        client.on_publish = self._on_publish
         return client
 
     def _connect_async(self) -> None:
@@ -258,6 +271,15 @@ class Receiver:
             self._version_failures += 1  # closed before any CONNACK: e.g. a 3.1.1-only broker seeing MQTT 5
         self._send(("status", False, self.protocol))
 
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:  # noqa: ANN001
+        with self._receipt_lock:
+            if mid in self._receipt_mids:
+                self._receipt_mids.discard(mid)
+            else:
+                if len(self._early_acks) > 10_000:  # round publications' ids, never claimed by a receipt
+                    self._early_acks.clear()
+                self._early_acks.add(mid)
+
     def _on_message(self, client, userdata, msg) -> None:  # noqa: ANN001
         if self._stopping.is_set():
             return  # not acknowledged: the broker redelivers it to the next session
@@ -310,12 +332,28 @@ class Receiver:
 
     def _receipts(self, receipts: list[tuple[str, bytes]]) -> None:
         """Publish a committed batch's receipts (QoS 1, fire and forget: a lost receipt only makes its device
-        re-send, and the copy is receipted as a duplicate)."""
-        for topic, payload in receipts:
+        re-send, and the copy is receipted as a duplicate). At most :data:`MAX_RECEIPTS_IN_FLIGHT` wait for the
+        broker's acknowledgement; receipts past it are dropped and counted (``receipts_dropped``), so the receipt
+        backlog can never exhaust the session's message ids that round publications need."""
+        for topic, payload in receipts:  # only this thread publishes receipts: the check cannot be raced past
+            with self._receipt_lock:
+                full = len(self._receipt_mids) >= MAX_RECEIPTS_IN_FLIGHT
+                if full:
+                    self.receipts_dropped += 1
+            if full:
+                continue
             try:
-                self.client.publish(topic, payload, qos=1)
+                info = self.client.publish(topic, payload, qos=1)
             except Exception:  # noqa: BLE001 - never let a receipt stop ingest
                 log.exception("receipt to %s not published", topic)
+                continue
+            with self._receipt_lock:
+                if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+                    self.receipts_dropped += 1
+                elif info.mid in self._early_acks:
+                    self._early_acks.discard(info.mid)
+                else:
+                    self._receipt_mids.add(info.mid)
 
     # ------------------------------------------------------------------ the coordinator's requests
     def _publish(self, request: int, topic: str, payload: bytes, retain: bool, qos: int, timeout: float) -> None:
