@@ -79,6 +79,10 @@ AUTHENTIC_REJECTIONS = ("unknown_round", "round_closed", "off_contract", "wrong_
                         "bad_body", SEQ_REGRESSION, "already_reported")
 
 
+#: a report whose row this validator does not hold (:meth:`Validator.statistics`)
+_UNKNOWN = object()
+
+
 def per_device_counters(results: Sequence[Any]) -> dict[str, int]:
     """``<reason>.<device_id>`` counts of the rejections among ``check_batch`` results that name a device
     (duplicates are not rejections: a redelivered copy of a stored report)."""
@@ -148,6 +152,9 @@ class Validator:
         self._reported: dict[str, set[tuple[str, str]]] = {}
         self._pending: dict[tuple[str, int], str] = {}
         self._decoders: dict[tuple[str, str], StreamDecoder] = {}
+        #: (device_id, seq) → the parsed report row of an accepted report, until its batch is committed: what
+        #: :meth:`statistics` aggregates without parsing the stored body again
+        self._rows: dict[tuple[str, int], Any] = {}
         self._missing_rounds: dict[str, float] = {}  # round id → monotonic time of the store lookup that missed
         self._devices_loaded = self._rounds_loaded = 0.0
         self.reload()
@@ -166,6 +173,7 @@ class Validator:
                     [rid for rid, r in rounds.items() if r.status == "open"]):
                 reported.setdefault(round_id, set()).add((device_id, stream))
             self._pending.clear()
+            self._rows.clear()
             self._apply_devices(devices)
             self._apply_rounds(rounds)
             self._hwm, self._reported = hwm, reported
@@ -212,6 +220,7 @@ class Validator:
     def batch_committed(self) -> None:
         with self._lock:
             self._pending.clear()
+            self._rows.clear()
 
     # ------------------------------------------------------------------ checks
     def check(self, topic: str, payload: bytes, now: float | None = None) -> StoredReport:
@@ -266,7 +275,7 @@ class Validator:
                 for pos, j in enumerate(members):
                     if mask is None or not mask[pos]:
                         bad_body[j] = detail if mask is None else "outside the support of the stream's mechanism"
-            for j, (i, report, _, _) in enumerate(authentic):
+            for j, (i, report, _, row) in enumerate(authentic):
                 if j in bad_body:
                     out[i] = wire.WireError("bad_body", bad_body[j], device_id=report.device_id, seq=report.seq)
                     continue
@@ -277,6 +286,7 @@ class Validator:
                     out[i] = exc
                     continue
                 self._reserve(report)
+                self._rows[(report.device_id, report.seq)] = row
                 out[i] = StoredReport(
                     device_id=report.device_id, seq=report.seq, boot=report.boot, round_id=report.round_id,
                     stream=report.stream, mechanism=report.mechanism,
@@ -346,18 +356,26 @@ class Validator:
     def statistics(self, reports: Sequence[StoredReport]) -> dict[tuple[str, str], Statistics]:
         """The sufficient statistics (:meth:`protocols.catalogue.Entry.statistics`) of accepted reports, per round
         and stream: the ``aggregate`` function of :meth:`coordinator.store.Store.commit_batch`. ValueError when a
-        group cannot be decoded (the store then marks it for a rebuild instead)."""
-        groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+        group cannot be decoded (the store then marks it for a rebuild instead). The rows parsed when the reports
+        were validated are reused; a report this validator did not accept in the current batch is decoded from its
+        stored body."""
+        groups: dict[tuple[str, str], list[StoredReport]] = defaultdict(list)
         for r in reports:
-            groups[(r.round_id, r.stream)].append(r.body)
+            groups[(r.round_id, r.stream)].append(r)
         out: dict[tuple[str, str], Statistics] = {}
-        for (round_id, stream), bodies in groups.items():
-            spec = self._round(round_id).params.streams[stream]
-            dec = self._decoder(round_id, stream, spec)
-            decoded = dec.from_bodies(bodies)
-            if decoded.dropped:
-                raise ValueError(f"{decoded.dropped} accepted bodies of {round_id}/{stream} do not decode")
-            out[(round_id, stream)] = dec.entry.statistics(dec.mechanism, decoded.reports)
+        with self._lock:
+            for (round_id, stream), members in groups.items():
+                spec = self._round(round_id).params.streams[stream]
+                dec = self._decoder(round_id, stream, spec)
+                rows = [self._rows.get((r.device_id, r.seq), _UNKNOWN) for r in members]
+                if any(row is _UNKNOWN for row in rows):
+                    decoded = dec.from_bodies([r.body for r in members])
+                    if decoded.dropped:
+                        raise ValueError(f"{decoded.dropped} accepted bodies of {round_id}/{stream} do not decode")
+                    stacked = decoded.reports
+                else:
+                    stacked = dec.entry.decode_rows(dec.mechanism, rows)
+                out[(round_id, stream)] = dec.entry.statistics(dec.mechanism, stacked)
         return out
 
     def _decoder(self, round_id: str, stream: str, spec: StreamSpec) -> StreamDecoder:

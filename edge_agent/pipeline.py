@@ -200,15 +200,11 @@ class Pipeline:
 
     def _body_maker(self, plan: StreamPlan, x: np.ndarray) -> Callable[[], dict[str, Any]]:
         codec = catalogue.entry(plan.mechanism_name)
-        if plan.distribution:
-            def make_distribution_body() -> dict[str, Any]:
-                row = np.asarray(plan.mechanism.privatize_unit(x, self.rng))[0]
-                return {"report": codec.encode_row(plan.mechanism, row)}
-
-            return make_distribution_body
+        # a distribution mechanism privatizes the value on the unit scale of its grid (``_mechanism_input``)
+        privatize = plan.mechanism.privatize_unit if plan.distribution else plan.mechanism.privatize
 
         def make_body() -> dict[str, Any]:
-            return {"report": codec.encode_row(plan.mechanism, np.asarray(plan.mechanism.privatize(x, self.rng))[0])}
+            return {"report": codec.encode_row(plan.mechanism, np.asarray(privatize(x, self.rng))[0])}
 
         return make_body
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Family", "Role", "Entry", "Statistics", "CATALOGUE", "entry", "names", "build", "mechanism_class",
-           "protocol_entry", "distribution_entry", "row_to_json", "rows_from_json"]
+           "protocol_entry", "distribution_entry", "row_to_json"]
 
 
 class Family(StrEnum):
@@ -229,23 +229,19 @@ class Entry:
     def statistics(self, mech: Any, reports: np.ndarray) -> Statistics:
         """The :class:`Statistics` of stacked report rows (``decode_rows`` output) of the built mechanism."""
         n = int(np.asarray(reports).shape[0])
+        if self.family in (Family.NUMERIC, Family.VECTOR, Family.HAAR):
+            width = int(np.prod(self.row_shape(mech), dtype=np.int64))
+            y = np.asarray(mech.debias(reports), dtype=float).reshape(n, width) if n else np.zeros((0, width))
+            return Statistics(n, y.sum(axis=0), (y**2).sum(axis=0))
         if self.family is Family.DISTRIBUTION:
-            if n == 0:
-                return Statistics(0, np.zeros(int(mech.statistics_size)), np.zeros(0))
-            return Statistics(int(mech.n_reports(reports)), np.asarray(mech.statistics_total(reports), dtype=float),
-                              np.zeros(0))
-        if self.family in (Family.FREQUENCY, Family.LONGITUDINAL):
-            if n == 0:
-                return Statistics(0, np.zeros(int(mech.k)), np.zeros(0))
-            if self.family is Family.FREQUENCY:
-                return Statistics(int(mech.n_reports(reports)), np.asarray(mech.support_counts(reports), dtype=float),
-                                  np.zeros(0))
-            return Statistics(n, np.asarray(mech.round_counts(reports), dtype=float), np.zeros(0))
-        width = int(np.prod(self.row_shape(mech), dtype=np.int64))
+            size, counts, users = mech.statistics_size, mech.statistics_total, mech.n_reports
+        elif self.family is Family.FREQUENCY:
+            size, counts, users = mech.k, mech.support_counts, mech.n_reports
+        else:
+            size, counts, users = mech.k, mech.round_counts, len
         if n == 0:
-            return Statistics(0, np.zeros(width), np.zeros(width))
-        y = np.asarray(mech.debias(reports), dtype=float).reshape(n, width)
-        return Statistics(n, y.sum(axis=0), (y**2).sum(axis=0))
+            return Statistics(0, np.zeros(int(size)), np.zeros(0))
+        return Statistics(int(users(reports)), np.asarray(counts(reports), dtype=float), np.zeros(0))
 
     def empty_statistics(self, mech: Any) -> Statistics:
         """The statistics of no rows."""
@@ -381,10 +377,3 @@ def distribution_entry(mech: Any) -> Entry:
 def row_to_json(row: Any) -> Any:
     """One user's report (a row of ``privatize``'s output) as plain JSON data (the non-Haar row codec)."""
     return np.asarray(row).tolist()
-
-
-def rows_from_json(items: list[Any], dtype: Any = None) -> np.ndarray:
-    """Stack many users' JSON rows back into the array ``estimate`` expects."""
-    if not items:
-        raise ValueError("no reports")
-    return np.asarray(items, dtype=dtype)

@@ -208,3 +208,23 @@ def test_round_report_count_reads_the_aggregates_and_counts_only_stale_streams(t
     assert store.stale_aggregates()
     assert store.round_report_count("r1") == len(msgs) == sum(store.report_counts("r1").values())
     assert store.round_report_count("nope") == 0
+
+
+def test_ingest_aggregates_the_rows_it_validated_without_parsing_bodies_again(tmp_path, monkeypatch):
+    """Validator.statistics reuses the rows parsed at validation; reports it did not validate in the current batch
+    are decoded from their bodies, to the same statistics."""
+    fleet = SimFleet(30)
+    store, validator = _coordinator(tmp_path / "a.db", fleet)
+    accepted = _accept(validator, _messages(fleet, np.random.default_rng(12)))
+
+    def no_parse(*_a, **_k):
+        raise AssertionError("stored bodies parsed again at ingest")
+
+    with monkeypatch.context() as m:
+        m.setattr(StreamDecoder, "from_bodies", no_parse)
+        kept = validator.statistics(accepted)
+    validator.batch_committed()  # the rows are let go: now decoded from the bodies
+    again = validator.statistics(accepted)
+    assert set(kept) == set(again) == {("r1", s) for s in PARAMS["streams"]}
+    for key in kept:
+        assert kept[key].n == again[key].n == 30 and kept[key].close_to(again[key])
