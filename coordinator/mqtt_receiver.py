@@ -412,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="haarvest mqtt receiver: %(levelname)s %(message)s")
     conn = Connection(socket.socket(fileno=int(argv[0])).detach())
     kind, values = conn.recv()
-    assert kind == "settings", kind
+    if kind != "settings":
+        raise RuntimeError(f"the mqtt receiver expects its settings first on the socket, got a {kind!r} message")
     receiver = Receiver(IngestSettings(**values), conn)
     receiver.start()
     receiver.serve()

@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "Mechanism",
+    "AnalyticMechanism",
     "NumericMechanism",
     "FrequencyOracle",
     "check_epsilon",
@@ -115,7 +116,7 @@ def confidence_interval(
 
 
 class Mechanism(ABC):
-    """An ε-LDP (or (ε, δ)-LDP) randomizer together with its unbiased aggregator.
+    """An ε-LDP (or (ε, δ)-LDP) randomizer together with its aggregator.
 
     Attributes:
         epsilon: the exact privacy guarantee of one call of ``privatize`` on one user's value.
@@ -131,15 +132,7 @@ class Mechanism(ABC):
 
     @abstractmethod
     def estimate(self, reports: np.ndarray) -> Any:
-        """Unbiased population estimate from the users' reports."""
-
-    @abstractmethod
-    def variance(self, *args: Any, **kwargs: Any) -> Any:
-        """Analytic per-user variance of the unbiased estimator (see module docstring)."""
-
-    def bias(self, *args: Any, **kwargs: Any) -> float:
-        """Every estimator in this library is unbiased (consistency post-processing is separate)."""
-        return 0.0
+        """Population estimate from the users' reports."""
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self._params().items())
@@ -152,7 +145,26 @@ class Mechanism(ABC):
         return out
 
 
-class NumericMechanism(Mechanism):
+class AnalyticMechanism(Mechanism):
+    """A mechanism whose estimator is unbiased with a closed-form per-user variance: the numeric mechanisms, the
+    frequency oracles, HaarHRR and the analytic distribution mechanisms. Square Wave + EMS (a biased estimator
+    with no closed-form variance) is a plain :class:`Mechanism`: whether a mechanism has an analytic variance is
+    whether it is an ``AnalyticMechanism``."""
+
+    @abstractmethod
+    def estimate(self, reports: np.ndarray) -> Any:
+        """Unbiased population estimate from the users' reports."""
+
+    @abstractmethod
+    def variance(self, *args: Any, **kwargs: Any) -> Any:
+        """Analytic per-user variance of the unbiased estimator (see module docstring)."""
+
+    def bias(self, *args: Any, **kwargs: Any) -> float:
+        """The estimator is unbiased (consistency post-processing is separate)."""
+        return 0.0
+
+
+class NumericMechanism(AnalyticMechanism):
     """Mean estimation for inputs in [-1, 1].
 
     ``privatize(t, rng)`` returns one report per user; ``debias(reports)`` maps reports to per-user unbiased
@@ -178,7 +190,7 @@ class NumericMechanism(Mechanism):
         return float(np.max(self.variance(grid)))
 
 
-class FrequencyOracle(Mechanism):
+class FrequencyOracle(AnalyticMechanism):
     """Frequency estimation over the domain ``[0, k)``.
 
     Pure oracles have per-report support probabilities ``p`` (the true value is supported) and ``q`` (any other

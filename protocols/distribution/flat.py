@@ -23,7 +23,7 @@ import numpy as np
 from protocols import catalogue
 from protocols.base import check_epsilon, check_int
 from protocols.catalogue import Role
-from protocols.distribution.base import DistributionMechanism, check_range
+from protocols.distribution.base import AnalyticDistribution, check_range
 from protocols.distribution.grid import MAX_BUCKETS
 
 __all__ = ["FlatOracle", "ORACLES", "check_oracle", "oracle_range_variance"]
@@ -49,7 +49,7 @@ def oracle_range_variance(p: float, q: float, length: Any, f: Any) -> Any:
     return (f * p * (1 - p) + (np.asarray(length, dtype=float) - f) * q * (1 - q)) / (p - q) ** 2
 
 
-class FlatOracle(DistributionMechanism):
+class FlatOracle(AnalyticDistribution):
     """The bucket reported with OUE or OLH over [0, D); ranges are sums. See the module docstring."""
 
     def __init__(self, epsilon: float, D: int, oracle: str = "oue") -> None:

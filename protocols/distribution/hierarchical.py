@@ -49,7 +49,7 @@ import numpy as np
 
 from protocols import catalogue
 from protocols.base import check_epsilon, check_int
-from protocols.distribution.base import DistributionMechanism, check_range
+from protocols.distribution.base import AnalyticDistribution, check_range
 from protocols.distribution.flat import check_oracle, make_oracle, oracle_range_variance
 from protocols.distribution.grid import MAX_BUCKETS
 
@@ -94,7 +94,7 @@ def decompose(a: int, b: int, B: int, h: int) -> dict[int, np.ndarray]:
     return {lvl: np.asarray(v, dtype=np.int64) for lvl, v in out.items()}
 
 
-class HierarchicalIntervals(DistributionMechanism):
+class HierarchicalIntervals(AnalyticDistribution):
     """Hierarchical intervals over D buckets with branching B and a level oracle (see the module docstring)."""
 
     def __init__(self, epsilon: float, D: int, branching: int = 4, oracle: str = "oue",
