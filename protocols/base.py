@@ -29,6 +29,7 @@ __all__ = [
     "check_delta",
     "check_int",
     "check_unit_interval",
+    "check_bounds",
     "check_categories",
     "confidence_interval",
     "os_rng",
@@ -85,6 +86,18 @@ def check_unit_interval(values: Any, name: str = "values") -> np.ndarray:
                 raise ValueError(f"{name} must be finite; got NaN or infinity")
             raise ValueError(f"{name} must lie in [-1, 1] (normalise first); got range [{lo:.6g}, {hi:.6g}]")
     return arr
+
+
+def check_bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Declared bounds of numeric values as float arrays: finite, with ``hi > lo`` in every dimension (ValueError
+    otherwise). The one bounds check of normalisation, rounding and the simulations."""
+    lo_arr = np.asarray(lo, dtype=float)
+    hi_arr = np.asarray(hi, dtype=float)
+    if not (np.all(np.isfinite(lo_arr)) and np.all(np.isfinite(hi_arr))):
+        raise ValueError("bounds lo and hi must be finite")
+    if np.any(hi_arr <= lo_arr):
+        raise ValueError("bounds need hi > lo in every dimension")
+    return lo_arr, hi_arr
 
 
 def check_categories(values: Any, k: int, name: str = "values") -> np.ndarray:
