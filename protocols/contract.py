@@ -446,10 +446,14 @@ def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
     return row
 
 
+#: bounds are checked by :func:`protocols.base.check_bounds` (the one bounds check)
+_lo_hi = check_bounds
+
+
 def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:
     """Clip to [lo, hi] and map to [-1, 1]: ``t = 2(x - lo)/(hi - lo) - 1`` (trailing axis = dimensions; the one
     normalisation of devices, simulations and tests). ValueError for non-finite values or bounds without hi > lo."""
-    lo_a, hi_a = check_bounds(lo, hi)
+    lo_a, hi_a = _lo_hi(lo, hi)
     arr = np.asarray(x, dtype=float)
     if arr.size and not np.all(np.isfinite(arr)):
         raise ValueError("values must be finite; got NaN or infinity")
@@ -458,7 +462,7 @@ def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:
 
 def denormalise(t: Any, lo: Any, hi: Any) -> np.ndarray:
     """Inverse of :func:`normalise`: ``x = lo + (t + 1)(hi - lo)/2`` (no clipping: estimates may lie outside)."""
-    lo_a, hi_a = check_bounds(lo, hi)
+    lo_a, hi_a = _lo_hi(lo, hi)
     return lo_a + (np.asarray(t, dtype=float) + 1.0) * (hi_a - lo_a) / 2.0
 
 

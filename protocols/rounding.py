@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import check_bounds
+from protocols.base import check_bounds as _bounds  # the one bounds check
 
 __all__ = [
     "volatility_score",
@@ -68,7 +68,7 @@ def volatility_score(window: Any, lo: Any, hi: Any) -> np.ndarray:
     ``window`` has shape (W+1,) or (W+1, d) (any trailing shape broadcasting with lo/hi); values are clipped to
     [lo, hi] first, so scores lie in [0, 1]. Fewer than two values give 0.
     """
-    lo_arr, hi_arr = check_bounds(lo, hi)
+    lo_arr, hi_arr = _bounds(lo, hi)
     w = _finite(window, "window")
     if w.ndim == 0:
         raise ValueError("window must have at least one axis (time along axis 0)")
@@ -94,7 +94,7 @@ class VolatilityDetector:
     """
 
     def __init__(self, lo: Any, hi: Any, window: int = 16, tau: float = 0.01) -> None:
-        lo_arr, hi_arr = check_bounds(lo, hi)
+        lo_arr, hi_arr = _bounds(lo, hi)
         lo_arr, hi_arr = np.broadcast_arrays(np.atleast_1d(lo_arr), np.atleast_1d(hi_arr))
         if lo_arr.ndim != 1:
             raise ValueError("lo and hi must be scalars or 1-D arrays (one entry per dimension)")
@@ -178,7 +178,7 @@ def quantise_step(step: Any, lo: Any, hi: Any, k_base: int = 100) -> np.ndarray:
 def quantised_step(lo: Any, hi: Any, score: Any, k_base: int = 100, eta: float = 0.1) -> np.ndarray:
     """``(hi-lo)·max(1/K_base, score/η)`` rounded up to ``(hi-lo)/K_base·2^m`` (m ≥ 0, step ≤ hi - lo): the
     nested grid exponent of a volatility score (:func:`quantised_exponent`; the same grid as :func:`quantise_step`)."""
-    lo_arr, hi_arr = check_bounds(lo, hi)
+    lo_arr, hi_arr = _bounds(lo, hi)
     m = quantised_exponent(score, k_base, eta)
     return (hi_arr - lo_arr) / k_base * np.exp2(m)
 
@@ -190,7 +190,7 @@ class AlphaRounder:
     """
 
     def __init__(self, lo: Any, hi: Any, u: Any) -> None:
-        lo_arr, hi_arr = check_bounds(lo, hi)
+        lo_arr, hi_arr = _bounds(lo, hi)
         u_arr = _finite(u, "u").reshape(-1)
         lo_arr, hi_arr, u_arr = np.broadcast_arrays(np.atleast_1d(lo_arr), np.atleast_1d(hi_arr), u_arr)
         if lo_arr.ndim != 1:
@@ -205,7 +205,7 @@ class AlphaRounder:
     @classmethod
     def draw(cls, lo: Any, hi: Any, rng: np.random.Generator) -> AlphaRounder:
         """Draw fresh offsets u_j ~ U[0, 1), one per dimension."""
-        lo_arr, hi_arr = np.broadcast_arrays(*check_bounds(lo, hi))
+        lo_arr, hi_arr = np.broadcast_arrays(*_bounds(lo, hi))
         return cls(lo_arr, hi_arr, rng.random(np.atleast_1d(lo_arr).size))
 
     def _prepare(self, x: Any, steps: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -282,7 +282,7 @@ class EpochSteps:
         eta: float = 0.1,
         tau: float = 0.01,
     ) -> None:
-        lo_arr, hi_arr = check_bounds(lo, hi)
+        lo_arr, hi_arr = _bounds(lo, hi)
         lo_arr, hi_arr = np.broadcast_arrays(np.atleast_1d(lo_arr), np.atleast_1d(hi_arr))
         if isinstance(epoch_length, bool) or not isinstance(epoch_length, (int, np.integer)) or epoch_length < 1:
             raise ValueError(f"epoch_length must be an integer >= 1, got {epoch_length!r}")

@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from protocols import catalogue
 from protocols.base import check_bounds
+from protocols import catalogue
 from protocols.contract import denormalise, normalise
 from protocols.memo_key import canonical_codes, canonical_value
 from protocols.pipeline import HaarRecord, choose_mechanism
