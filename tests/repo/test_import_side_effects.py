@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("protocols", "edge_agent", "coordinator", "simulations")
+PACKAGES = ("haarvest", "protocols", "edge_agent", "coordinator", "simulations")
 
 # Runs in a fresh interpreter (nothing imported yet) with an empty working directory; prints one JSON object.
 _PROBE = r"""
