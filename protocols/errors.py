@@ -96,8 +96,7 @@ class CapReason(StrEnum):
     DELTA_CAP = "delta_cap"
 
 
-#: Why the device refused to send a report (``Refused.reason``): a cap (:class:`CapReason`'s members, same names and
-#: codes), a full outbox (``outbox_full``) or a payload above the wire limit (``too_large``).
+# CapReason's members (same names and codes), then the two refusals that are not caps.
 RefusalReason = StrEnum("RefusalReason", [*((m.name, m.value) for m in CapReason),
                                           ("OUTBOX_FULL", "outbox_full"), ("TOO_LARGE", "too_large")],
                         module=__name__, qualname="RefusalReason")
