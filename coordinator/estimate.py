@@ -354,8 +354,7 @@ def _frequency_labels(spec: StreamSpec, k: int) -> list[str]:
     hh = spec.heavy_hitters
     if hh is not None and hh.k == k:  # before the labels: a heavy-hitter round's items are prefixes, not categories
         width = hh.prefix_bits + hh.step_bits
-        return ["other" if p is None else hh.prefix_name(p, width, spec.labels)
-                for p in map(hh.item_prefix, range(k))]
+        return [hh.prefix_name(p, width, spec.labels) for p in hh.prefixes] + ["other"]
     if spec.labels is not None and len(spec.labels) == k:
         return list(spec.labels)
     return [str(i) for i in range(k)]

@@ -54,6 +54,7 @@ from multiprocessing.connection import Connection
 import paho.mqtt.client as mqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from coordinator import defaults
 from protocols import mqtt as mqtt_setup
 
 __all__ = ["IngestSettings", "Receiver", "new_client", "subscription_topic", "REPORTS_WILDCARD"]
@@ -91,12 +92,12 @@ def subscription_topic(shared_group: str | None = None) -> str:
 
 @dataclass
 class IngestSettings:
-    host: str = "127.0.0.1"
-    port: int = 1883
-    client_id: str = "haarvest-coordinator"
+    host: str = defaults.MQTT_HOST
+    port: int = defaults.MQTT_PORT
+    client_id: str = defaults.CLIENT_ID
     shared_group: str | None = None
-    batch_size: int = 1000
-    batch_ms: float = 20.0
+    batch_size: int = defaults.BATCH_SIZE
+    batch_ms: float = defaults.BATCH_MS
     keepalive: int = 30
     receive_maximum: int = 10000
     username: str | None = None
@@ -105,7 +106,7 @@ class IngestSettings:
     tls_cert: str | None = None  # client certificate (PEM), presented to the broker; with tls_key
     tls_key: str | None = None  # the client certificate's private key (PEM)
     tls: bool = False  # TLS with the system's CAs when no tls_ca is given
-    protocol: str = "5"  # "5", "3.1.1" (cheaper per message; amqtt) or "auto"
+    protocol: str = defaults.MQTT_PROTOCOL  # "5", "3.1.1" (cheaper per message; amqtt) or "auto"
     drain_timeout: float = DRAIN_TIMEOUT  # a draining stop waits this long for what was handed over to commit
 
     @property
@@ -412,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="haarvest mqtt receiver: %(levelname)s %(message)s")
     conn = Connection(socket.socket(fileno=int(argv[0])).detach())
     kind, values = conn.recv()
-    assert kind == "settings", kind
+    if kind != "settings":
+        raise RuntimeError(f"the mqtt receiver expects its settings first on the socket, got a {kind!r} message")
     receiver = Receiver(IngestSettings(**values), conn)
     receiver.start()
     receiver.serve()

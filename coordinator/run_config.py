@@ -26,19 +26,20 @@ TLS is used when ``mqtt_tls`` is true or a CA or client certificate is given (no
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from coordinator import defaults
 from protocols.errors import RunConfigError
+from protocols.toml_file import read_toml
 
 __all__ = ["RunOptions", "RunConfigError", "load_options", "read_config_file", "PATH_KEYS"]
 
-DEFAULT_DB = "haarvest-coordinator.db"
-DEFAULT_KEY = "coordinator.key"
+DEFAULT_DB = defaults.DB
+DEFAULT_KEY = defaults.KEY
 #: keys holding file paths (resolved against the config file's directory)
 PATH_KEYS = ("db", "key", "devices", "mqtt_ca", "mqtt_cert", "mqtt_key", "rounds_cert", "rounds_key", "api_tokens")
 #: files that must exist when given (the round-signing ``key`` and a SQLite ``db`` are created if missing)
@@ -52,28 +53,28 @@ class RunOptions(BaseModel):
 
     db: str = Field(DEFAULT_DB, min_length=1, description="SQLite path, sqlite:///path or postgresql:// URL")
     key: str = Field(DEFAULT_KEY, min_length=1, description="round-signing key file (created if missing)")
-    mqtt_host: str = Field("127.0.0.1", min_length=1, description="broker host (with TLS: a name in its certificate)")
-    mqtt_port: int = Field(1883, ge=1, le=65535, description="broker port")
-    client_id: str = Field("haarvest-coordinator", min_length=1, max_length=65535,
+    mqtt_host: str = Field(defaults.MQTT_HOST, min_length=1, description="broker host (with TLS: a name in its certificate)")
+    mqtt_port: int = Field(defaults.MQTT_PORT, ge=1, le=65535, description="broker port")
+    client_id: str = Field(defaults.CLIENT_ID, min_length=1, max_length=65535,
                            description="MQTT client id of the ingest's persistent session (one per worker)")
     share_group: str | None = Field(None, min_length=1,
                                     description="shared-subscription group ($share: MQTT 5; mosquitto also for 3.1.1)")
-    batch_size: int = Field(1000, ge=1)
-    batch_ms: float = Field(20.0, gt=0)
+    batch_size: int = Field(defaults.BATCH_SIZE, ge=1)
+    batch_ms: float = Field(defaults.BATCH_MS, gt=0)
     replay_window: int | None = Field(None, ge=0, description="strict mode: reject a not yet stored seq this far "
                                       "below a device's high-water mark (default: none — devices re-send what "
                                       "was not receipted, late reports are normal)")
-    http_host: str = Field("127.0.0.1", min_length=1, description="address of the HTTP API and dashboard")
+    http_host: str = Field(defaults.HTTP_HOST, min_length=1, description="address of the HTTP API and dashboard")
     http_port: int | None = Field(None, ge=0, le=65535, description="serve the API/dashboard (0: any free port)")
     api_tokens: str | None = Field(None, description="API bearer tokens, one per line (default: <db>.api-token "
                                    "beside a SQLite database, created with a random token); every route but "
                                    "/healthz needs one")
-    flood_max_messages: int = Field(2000, ge=0, description="quarantine a device that sends more messages than this "
+    flood_max_messages: int = Field(defaults.FLOOD_MAX_MESSAGES, ge=0, description="quarantine a device that sends more messages than this "
                                     "in one flood window (0: no limit)")
-    flood_max_rejections: int = Field(500, ge=0, description="quarantine a device with more rejected messages than "
+    flood_max_rejections: int = Field(defaults.FLOOD_MAX_REJECTIONS, ge=0, description="quarantine a device with more rejected messages than "
                                       "this in one flood window (duplicates and round_closed not counted; 0: no limit)")
-    flood_window_s: float = Field(60.0, gt=0, description="the flood window, seconds")
-    broker_quarantine: bool = Field(True, description="cut quarantined devices off at the broker (mosquitto's "
+    flood_window_s: float = Field(defaults.FLOOD_WINDOW_S, gt=0, description="the flood window, seconds")
+    broker_quarantine: bool = Field(defaults.BROKER_QUARANTINE, description="cut quarantined devices off at the broker (mosquitto's "
                                     "dynamic-security plugin, deploy/mosquitto/haarvest.conf)")
     devices: str | None = Field(None, description="JSON file of devices to enroll at start")
     mqtt_username: str | None = Field(None, description="MQTT user name (not needed with a client certificate)")
@@ -82,7 +83,7 @@ class RunOptions(BaseModel):
     mqtt_ca: str | None = None
     mqtt_cert: str | None = None
     mqtt_key: str | None = None
-    mqtt_protocol: Literal["5", "3.1.1", "auto"] = "5"
+    mqtt_protocol: Literal["5", "3.1.1", "auto"] = defaults.MQTT_PROTOCOL
     rounds_cert: str | None = Field(None, description="the round publisher's own client certificate (CN "
                                     "coordinator-rounds): `coordinator rounds` never connects with the ingest's")
     rounds_key: str | None = Field(None, description="the round publisher certificate's private key (PEM)")
@@ -153,14 +154,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     """The options in a TOML file: keys normalised to underscores, validated, relative paths resolved against the
     file's directory. Returns only the keys the file sets. RunConfigError (file and key named) otherwise."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise RunConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    try:
-        data = tomllib.loads(raw.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise RunConfigError(f"{path}: not valid TOML: {exc}") from None
+    data = read_toml(path, RunConfigError)
     out: dict[str, Any] = {}
     for name, value in data.items():
         key = name.replace("-", "_")

@@ -23,6 +23,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from coordinator import defaults
 from coordinator.estimate import StreamEstimate, VarianceBasis, estimate_round
 from coordinator.ingest import IngestSettings, IngestWorker
 from coordinator.metrics import Metrics
@@ -41,23 +42,23 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CoordinatorConfig:
-    db: str = "haarvest-coordinator.db"
+    db: str = defaults.DB
     key_file: str | None = None
     mqtt: bool = True
-    mqtt_host: str = "127.0.0.1"
-    mqtt_port: int = 1883
-    client_id: str = "haarvest-coordinator"
+    mqtt_host: str = defaults.MQTT_HOST
+    mqtt_port: int = defaults.MQTT_PORT
+    client_id: str = defaults.CLIENT_ID
     shared_group: str | None = None
-    batch_size: int = 1000
-    batch_ms: float = 20.0
+    batch_size: int = defaults.BATCH_SIZE
+    batch_ms: float = defaults.BATCH_MS
     replay_window: int | None = None
-    http_host: str = "127.0.0.1"
+    http_host: str = defaults.HTTP_HOST
     http_port: int | None = None
     devices_file: str | None = None
     mqtt_username: str | None = None
     mqtt_password: str | None = None
     mqtt_tls_ca: str | None = None  # CA file: connect with TLS
-    mqtt_protocol: str = "5"  # "5", "3.1.1" (e.g. amqtt) or "auto"
+    mqtt_protocol: str = defaults.MQTT_PROTOCOL  # "5", "3.1.1" (e.g. amqtt) or "auto"
     mqtt_tls_cert: str | None = None  # client certificate presented to the broker (CN "coordinator"); with the key
     mqtt_tls_key: str | None = None
     mqtt_tls: bool = False  # TLS with the system's CAs when no mqtt_tls_ca is given
@@ -66,10 +67,10 @@ class CoordinatorConfig:
     api_tokens_file: str | None = None
     #: flood quarantine (coordinator.quarantine): per device and window, at most this many messages / rejections
     #: (0: no limit); a device over one is quarantined and, with ``broker_quarantine``, cut off at the broker
-    flood_max_messages: int = 2000
-    flood_max_rejections: int = 500
-    flood_window_s: float = 60.0
-    broker_quarantine: bool = True
+    flood_max_messages: int = defaults.FLOOD_MAX_MESSAGES
+    flood_max_rejections: int = defaults.FLOOD_MAX_REJECTIONS
+    flood_window_s: float = defaults.FLOOD_WINDOW_S
+    broker_quarantine: bool = defaults.BROKER_QUARANTINE
 
 
 def load_or_create_key(path: str | Path | None) -> Ed25519PrivateKey:

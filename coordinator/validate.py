@@ -75,8 +75,9 @@ MAX_COUNTER = 2**63 - 1
 REASONS = tuple(RejectReason)  # the one list of reason codes: protocols.errors
 
 #: rejections of a report whose signature verified: its receipt names the seq, and the device stops re-sending it
-AUTHENTIC_REJECTIONS = ("unknown_round", "round_closed", "off_contract", "wrong_stream", "wrong_mechanism",
-                        "bad_body", SEQ_REGRESSION, "already_reported")
+AUTHENTIC_REJECTIONS = (RejectReason.UNKNOWN_ROUND, RejectReason.ROUND_CLOSED, RejectReason.OFF_CONTRACT,
+                        RejectReason.WRONG_STREAM, RejectReason.WRONG_MECHANISM, RejectReason.BAD_BODY,
+                        RejectReason.SEQ_REGRESSION, RejectReason.ALREADY_REPORTED)
 
 
 #: a report whose row this validator does not hold (:meth:`Validator.statistics`)

@@ -73,6 +73,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from protocols import wire
 from protocols.errors import ConfigError
+from protocols.toml_file import read_toml
 
 __all__ = [
     "ConfigError",
@@ -543,15 +544,7 @@ def _resolve_paths(cfg: AgentConfig, base: Path) -> AgentConfig:
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> AgentConfig:
     """Read the TOML file at ``path``, apply environment overrides, validate."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    try:
-        data = tomllib.loads(raw.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    data = apply_env_overrides(data, environ)
+    data = apply_env_overrides(read_toml(path, ConfigError), environ)
     return parse_config(data, origin=str(path), base_dir=path.parent.resolve())
 
 

@@ -10,8 +10,9 @@ reachable from here, by class or by its wire name::
 
 Every mechanism follows one interface (:mod:`protocols.base`): a validated constructor taking ``epsilon`` (and ``k``
 for frequency oracles, ``d`` for vectors; ValueError on bad values), ``privatize(values, rng)`` vectorised over
-users, ``estimate(reports)`` giving unbiased estimates, ``variance(...)`` the analytic per-user variance, and
-``epsilon``/``delta`` stating the exact guarantee. Longitudinal protocols report through per-device clients
+users, ``estimate(reports)``, and ``epsilon``/``delta`` stating the exact guarantee; every mechanism but Square Wave
++ EMS is an :class:`~protocols.base.AnalyticMechanism`, whose estimates are unbiased with ``variance(...)`` their
+analytic per-user variance. Longitudinal protocols report through per-device clients
 (``mech.client(...).report(value)``) and are estimated per round (``mech.estimate_round(rows)``). Errors raised on
 purpose derive from :class:`protocols.errors.HaarvestError`.
 

@@ -22,12 +22,14 @@ import numpy as np
 
 __all__ = [
     "Mechanism",
+    "AnalyticMechanism",
     "NumericMechanism",
     "FrequencyOracle",
     "check_epsilon",
     "check_delta",
     "check_int",
     "check_unit_interval",
+    "check_bounds",
     "check_categories",
     "confidence_interval",
     "os_rng",
@@ -86,6 +88,18 @@ def check_unit_interval(values: Any, name: str = "values") -> np.ndarray:
     return arr
 
 
+def check_bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Declared bounds of numeric values as float arrays: finite, with ``hi > lo`` in every dimension (ValueError
+    otherwise). The one bounds check of normalisation, rounding and the simulations."""
+    lo_arr = np.asarray(lo, dtype=float)
+    hi_arr = np.asarray(hi, dtype=float)
+    if not (np.all(np.isfinite(lo_arr)) and np.all(np.isfinite(hi_arr))):
+        raise ValueError("bounds lo and hi must be finite")
+    if np.any(hi_arr <= lo_arr):
+        raise ValueError("bounds need hi > lo in every dimension")
+    return lo_arr, hi_arr
+
+
 def check_categories(values: Any, k: int, name: str = "values") -> np.ndarray:
     """Inputs of frequency oracles: integers in [0, k)."""
     arr = np.asarray(values)
@@ -115,7 +129,7 @@ def confidence_interval(
 
 
 class Mechanism(ABC):
-    """An ε-LDP (or (ε, δ)-LDP) randomizer together with its unbiased aggregator.
+    """An ε-LDP (or (ε, δ)-LDP) randomizer together with its aggregator.
 
     Attributes:
         epsilon: the exact privacy guarantee of one call of ``privatize`` on one user's value.
@@ -131,15 +145,7 @@ class Mechanism(ABC):
 
     @abstractmethod
     def estimate(self, reports: np.ndarray) -> Any:
-        """Unbiased population estimate from the users' reports."""
-
-    @abstractmethod
-    def variance(self, *args: Any, **kwargs: Any) -> Any:
-        """Analytic per-user variance of the unbiased estimator (see module docstring)."""
-
-    def bias(self, *args: Any, **kwargs: Any) -> float:
-        """Every estimator in this library is unbiased (consistency post-processing is separate)."""
-        return 0.0
+        """Population estimate from the users' reports."""
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self._params().items())
@@ -152,7 +158,26 @@ class Mechanism(ABC):
         return out
 
 
-class NumericMechanism(Mechanism):
+class AnalyticMechanism(Mechanism):
+    """A mechanism whose estimator is unbiased with a closed-form per-user variance: the numeric mechanisms, the
+    frequency oracles, HaarHRR and the analytic distribution mechanisms. Square Wave + EMS (a biased estimator
+    with no closed-form variance) is a plain :class:`Mechanism`: whether a mechanism has an analytic variance is
+    whether it is an ``AnalyticMechanism``."""
+
+    @abstractmethod
+    def estimate(self, reports: np.ndarray) -> Any:
+        """Unbiased population estimate from the users' reports."""
+
+    @abstractmethod
+    def variance(self, *args: Any, **kwargs: Any) -> Any:
+        """Analytic per-user variance of the unbiased estimator (see module docstring)."""
+
+    def bias(self, *args: Any, **kwargs: Any) -> float:
+        """The estimator is unbiased (consistency post-processing is separate)."""
+        return 0.0
+
+
+class NumericMechanism(AnalyticMechanism):
     """Mean estimation for inputs in [-1, 1].
 
     ``privatize(t, rng)`` returns one report per user; ``debias(reports)`` maps reports to per-user unbiased
@@ -178,7 +203,7 @@ class NumericMechanism(Mechanism):
         return float(np.max(self.variance(grid)))
 
 
-class FrequencyOracle(Mechanism):
+class FrequencyOracle(AnalyticMechanism):
     """Frequency estimation over the domain ``[0, k)``.
 
     Pure oracles have per-report support probabilities ``p`` (the true value is supported) and ``q`` (any other

@@ -60,6 +60,7 @@ class Role(StrEnum):
     HAAR_DETAIL = "haar_detail"        # the Haar record's detail-coefficient mechanism
     AUTO = "auto"                      # a candidate of the ``auto`` policy (protocols.pipeline.choose_mechanism)
     CHANGE_BOUNDED = "change_bounded"  # charged per released tree node up to a change budget (device unit)
+    DISTRIBUTION_ORACLE = "distribution_oracle"  # the bucket / tree-level oracle of a flat or hierarchical distribution
 
 
 def _scalar_row(_mech: Any) -> tuple[int, ...]:
@@ -82,16 +83,18 @@ def _haar_row(mech: Any) -> tuple[int, ...]:
     return (int(mech.D),)
 
 
-def _dist_row(mech: Any) -> tuple[int, ...]:
-    """Distribution rows: flat OUE (D,) bits, flat OLH (2,) [seed, y], hierarchical (row_width,) [level, …],
-    HaarHRR (3,) [level, index, ±1], Square Wave a scalar."""
-    if hasattr(mech, "row_width"):
-        return (int(mech.row_width),)
-    if hasattr(mech, "oracle"):
-        return (int(mech.D),) if mech.oracle_name == "oue" else (2,)
-    if hasattr(mech, "inner"):
-        return (3,)
-    return ()
+def _flat_dist_row(mech: Any) -> tuple[int, ...]:
+    """A flat distribution reports its bucket oracle's row: OUE (D,) bits, OLH (2,) [seed, y]."""
+    return entry(mech.oracle_name).row_shape(mech.oracle)
+
+
+def _hierarchical_row(mech: Any) -> tuple[int, ...]:
+    """Hierarchical intervals: [level, the leaf-level oracle's row] (``row_width`` values)."""
+    return (int(mech.row_width),)
+
+
+def _haar_hrr_row(_mech: Any) -> tuple[int, ...]:
+    return (3,)  # HaarHRR: [level, Hadamard index, ±1]
 
 
 def _ddrm_row(mech: Any) -> tuple[int, ...]:
@@ -281,6 +284,7 @@ def _entry(name: str, target: str, family: Family, roles: Iterable[Role], row: C
 
 
 _S, _KB, _HM, _HA, _HD, _A = Role.STREAM, Role.KSAMPLING_BASE, Role.HAAR_MEAN, Role.HAAR_MEAN_AUTO, Role.HAAR_DETAIL, Role.AUTO
+_DO = Role.DISTRIBUTION_ORACLE
 _N, _V, _F, _H, _L = Family.NUMERIC, Family.VECTOR, Family.FREQUENCY, Family.HAAR, Family.LONGITUDINAL
 
 #: Every mechanism, in the order listings show them (SPEC §3 numbers in the summaries).
@@ -300,20 +304,20 @@ CATALOGUE: tuple[Entry, ...] = (
     # frequency oracles, inputs in [0, k) (SPEC §3.8)
     _entry("grr", "protocols.frequency:GRR", _F, (_S, _A), _scalar_row, "generalised randomised response"),
     _entry("sue", "protocols.frequency:SUE", _F, (_S,), _k_row, "symmetric unary encoding (basic RAPPOR)"),
-    _entry("oue", "protocols.frequency:OUE", _F, (_S, _A), _k_row, "optimised unary encoding"),
+    _entry("oue", "protocols.frequency:OUE", _F, (_S, _A, _DO), _k_row, "optimised unary encoding"),
     _entry("blh", "protocols.frequency:BLH", _F, (_S,), _pair_row, "binary local hashing"),
-    _entry("olh", "protocols.frequency:OLH", _F, (_S, _A), _pair_row, "optimised local hashing"),
+    _entry("olh", "protocols.frequency:OLH", _F, (_S, _A, _DO), _pair_row, "optimised local hashing"),
     _entry("hr", "protocols.frequency:HadamardResponse", _F, (_S,), _scalar_row, "Hadamard response"),
     # records in [-1, 1]^d: the memoized pipeline's Haar record mechanism (SPEC §2.4)
     _entry("haar", "protocols.pipeline:HaarRecord", _H, (_S, _A), _haar_row, "Haar record: mean + details (§2.4)"),
     # distributions of one numeric dimension on a public grid of D buckets (SPEC §3.14); params epsilon, D, …
-    _entry("distribution_flat", "protocols.distribution:FlatOracle", Family.DISTRIBUTION, (_S,), _dist_row,
+    _entry("distribution_flat", "protocols.distribution:FlatOracle", Family.DISTRIBUTION, (_S,), _flat_dist_row,
            "bucket + OUE/OLH over D buckets (§3.14)", True),
     _entry("distribution_hierarchical", "protocols.distribution:HierarchicalIntervals", Family.DISTRIBUTION, (_S,),
-           _dist_row, "hierarchical intervals, one sampled level per user (§3.14)", True),
-    _entry("distribution_haar", "protocols.distribution:HaarDistribution", Family.DISTRIBUTION, (_S,), _dist_row,
+           _hierarchical_row, "hierarchical intervals, one sampled level per user (§3.14)", True),
+    _entry("distribution_haar", "protocols.distribution:HaarDistribution", Family.DISTRIBUTION, (_S,), _haar_hrr_row,
            "HaarHRR over D buckets (§3.14)", True),
-    _entry("distribution_square_wave", "protocols.distribution:SquareWave", Family.DISTRIBUTION, (_S,), _dist_row,
+    _entry("distribution_square_wave", "protocols.distribution:SquareWave", Family.DISTRIBUTION, (_S,), _scalar_row,
            "Square Wave + EMS over D buckets (§3.14)", False),
     # longitudinal protocols (SPEC §3.9–3.10): streams use the first three
     _entry("lgrr", "protocols.longitudinal:LGRR", _L, (_S,), _scalar_row, "L-GRR, memoized GRR (§3.9)"),

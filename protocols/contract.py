@@ -70,6 +70,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from protocols import catalogue
+from protocols.base import check_bounds
 from protocols.wire import IDENT
 
 __all__ = [
@@ -183,17 +184,19 @@ class HeavyHitterSpec(_Model):
             return f"(none: {prefix:0{width}b})"
         return covered[0] if len(covered) == 1 else f"{covered[0]} +{len(covered) - 1}"
 
+    @property
+    def prefixes(self) -> list[int]:
+        """The (prefix_bits + step_bits)-bit prefix each item but the catch-all stands for, in item order:
+        :func:`protocols.heavy_hitters.extend_prefixes` of the candidates (the one encoding)."""
+        from protocols.heavy_hitters import extend_prefixes  # numpy only; keep the contract's import light
+
+        return extend_prefixes(self.candidates, self.step_bits).tolist()
+
     def item_prefix(self, item: int) -> int | None:
         """The (prefix_bits + step_bits)-bit prefix an item stands for; None for the catch-all item."""
         if item == self.k - 1:
             return None
-        cand, nxt = divmod(int(item), 1 << self.step_bits)
-        return (self.candidates[cand] << self.step_bits) | nxt
-
-
-def _padded(d: int) -> int:
-    """D = 2^⌈log2 d⌉ with D ≥ 2 (:func:`protocols.haar.padded_size`, repeated to keep this module light)."""
-    return max(2, 1 << (int(d) - 1).bit_length())
+        return self.prefixes[int(item)]
 
 
 def haar_params_from_components(mean: MechanismSpec, detail: MechanismSpec, d: int) -> dict[str, Any]:
@@ -202,14 +205,16 @@ def haar_params_from_components(mean: MechanismSpec, detail: MechanismSpec, d: i
     ε = ε_m + ε_c and ``split = ε_m/ε``; the mean mechanism must be one of PDP/PM/HM/Duchi with only ``epsilon``,
     the detail mechanism k-sampling (HM base) or Duchi multi-dim over ``d = D - 1`` coordinates.
     """
+    from protocols.haar import padded_size  # numpy only; keep the contract's import light
+
     means, details = catalogue.names(catalogue.Role.HAAR_MEAN), catalogue.names(catalogue.Role.HAAR_DETAIL)
     if mean.mechanism not in means or set(mean.params) != {"epsilon"}:
         raise ValueError(f"a haar mean mechanism is one of {means} with only 'epsilon'")
     extra = set(detail.params) - {"epsilon", "d", "base"}
     if detail.mechanism not in details or extra or detail.params.get("base", "hybrid") != "hybrid":
         raise ValueError(f"a haar detail mechanism is one of {details} (k-sampling with the hybrid base)")
-    if int(detail.params.get("d", -1)) != _padded(d) - 1:
-        raise ValueError(f"the haar detail mechanism of {d} dims has d = {_padded(d) - 1}")
+    if int(detail.params.get("d", -1)) != padded_size(d) - 1:
+        raise ValueError(f"the haar detail mechanism of {d} dims has d = {padded_size(d) - 1}")
     eps_m, eps_c = mean.epsilon, detail.epsilon
     if not (eps_m > 0 and eps_c > 0):
         raise ValueError("haar mean and detail mechanisms need epsilon > 0")
@@ -424,10 +429,12 @@ def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
         raise ValueError(f"body must be {{{BODY_KEY!r}: row}}")
     row = body[BODY_KEY]
     if spec.kind == "haar":
+        from protocols.haar import padded_size  # numpy only; keep the contract's import light
+
         if not isinstance(row, dict) or set(row) != {"mean", "detail"}:
             raise ValueError("a haar report is {'mean': y, 'detail': [z...]}")
         _check_row(row["mean"], 1)
-        _check_row(row["detail"], _padded(len(spec.dims)) - 1)
+        _check_row(row["detail"], padded_size(len(spec.dims)) - 1)
         if not isinstance(row["detail"], list):
             raise ValueError("a haar report's detail is a list")
     elif spec.kind == "numeric":
@@ -439,13 +446,8 @@ def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
     return row
 
 
-def _lo_hi(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
-    lo_a, hi_a = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
-    if not (np.all(np.isfinite(lo_a)) and np.all(np.isfinite(hi_a))):
-        raise ValueError("bounds lo and hi must be finite")
-    if np.any(hi_a <= lo_a):
-        raise ValueError("bounds need hi > lo in every dimension")
-    return lo_a, hi_a
+#: bounds are checked by :func:`protocols.base.check_bounds` (the one bounds check)
+_lo_hi = check_bounds
 
 
 def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:

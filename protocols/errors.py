@@ -96,16 +96,12 @@ class CapReason(StrEnum):
     DELTA_CAP = "delta_cap"
 
 
-class RefusalReason(StrEnum):
-    """Why the device refused to send a report (``Refused.reason``): a cap (:class:`CapReason`'s codes), a full
-    outbox or a payload above the wire limit."""
-
-    STREAM_CAP = "stream_cap"
-    TOTAL_CAP = "total_cap"
-    ROUND_BUDGET = "round_budget"
-    DELTA_CAP = "delta_cap"
-    OUTBOX_FULL = "outbox_full"
-    TOO_LARGE = "too_large"
+# CapReason's members (same names and codes), then the two refusals that are not caps.
+RefusalReason = StrEnum("RefusalReason", [*((m.name, m.value) for m in CapReason),
+                                          ("OUTBOX_FULL", "outbox_full"), ("TOO_LARGE", "too_large")],
+                        module=__name__, qualname="RefusalReason")
+RefusalReason.__doc__ = ("Why the device refused to send a report (``Refused.reason``): a cap (:class:`CapReason`'s "
+                         "codes), a full outbox or a payload above the wire limit.")
 
 
 class SpecMismatchReason(StrEnum):

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import Mechanism, check_categories, check_epsilon, check_int
+from protocols.base import AnalyticMechanism, check_categories, check_epsilon, check_int
 
 __all__ = [
     "padded_size",
@@ -194,7 +194,7 @@ def _fwht(values: np.ndarray) -> np.ndarray:
     return out
 
 
-class HaarHRR(Mechanism):
+class HaarHRR(AnalyticMechanism):
     """Range queries over the ordered domain [0, k) under ε-LDP (Cormode, Kulkarni, Srivastava, PVLDB 2019).
 
     A user's one-hot vector e_v has, at each depth h = 0..L-1 of the Haar tree (D = padded_size(k) = 2^L leaves),

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from protocols.base import check_bounds as _bounds  # the one bounds check
+
 __all__ = [
     "volatility_score",
     "VolatilityDetector",
@@ -51,16 +53,6 @@ __all__ = [
     "EpochPlan",
     "epoch_plan",
 ]
-
-
-def _bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
-    lo_arr = np.asarray(lo, dtype=float)
-    hi_arr = np.asarray(hi, dtype=float)
-    if not (np.all(np.isfinite(lo_arr)) and np.all(np.isfinite(hi_arr))):
-        raise ValueError("bounds lo and hi must be finite")
-    if np.any(hi_arr <= lo_arr):
-        raise ValueError("bounds need hi > lo in every dimension")
-    return lo_arr, hi_arr
 
 
 def _finite(x: Any, name: str) -> np.ndarray:

@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from protocols.base import check_bounds
 from protocols import catalogue
 from protocols.contract import denormalise, normalise
 from protocols.memo_key import canonical_codes, canonical_value
@@ -60,15 +61,13 @@ __all__ = ["MemoizedPipeline", "FleetRun", "FleetTrace"]
 
 
 def _bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
+    """One entry per dimension (scalars broadcast), checked by :func:`protocols.base.check_bounds`."""
     lo_arr = np.atleast_1d(np.asarray(lo, dtype=float))
     hi_arr = np.atleast_1d(np.asarray(hi, dtype=float))
     lo_arr, hi_arr = np.broadcast_arrays(lo_arr, hi_arr)
     if lo_arr.ndim != 1:
         raise ValueError("lo and hi must be scalars or 1-D arrays (one entry per dimension)")
-    if not (np.all(np.isfinite(lo_arr)) and np.all(np.isfinite(hi_arr))):
-        raise ValueError("bounds lo and hi must be finite")
-    if np.any(hi_arr <= lo_arr):
-        raise ValueError("bounds need hi > lo in every dimension")
+    lo_arr, hi_arr = check_bounds(lo_arr, hi_arr)
     return lo_arr.astype(float), hi_arr.astype(float)
 
 

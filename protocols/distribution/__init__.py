@@ -19,7 +19,7 @@ excluded). SPEC §3.14 states the math. Device-side code (grid, ``privatize``) n
 imports scipy.
 """
 
-from protocols.distribution.base import DistributionMechanism
+from protocols.distribution.base import AnalyticDistribution, DistributionMechanism
 from protocols.distribution.choose import (
     DistributionChoice,
     choose_distribution_mechanism,
@@ -36,6 +36,7 @@ from protocols.distribution.square_wave import SquareWave, square_wave_parameter
 __all__ = [
     "BucketGrid",
     "DistributionMechanism",
+    "AnalyticDistribution",
     "DistributionEstimate",
     "FlatOracle",
     "HierarchicalIntervals",

@@ -8,9 +8,10 @@ accepts u ∈ [0, 1] for every mechanism (the bucketised ones bucketise first), 
 the same way. Device-side paths (``privatize``, ``privatize_unit``) use numpy only.
 
 Variances follow the library convention: *per user* (divide by n), for a fixed population of values, as a
-function of the true fraction(s) involved. ``range_variance(a, b, f)`` is the per-user variance of the range
-estimate of the inclusive bucket range [a, b] when a fraction f of users lies in it; mechanisms without a closed
-form (Square Wave + EMS) set ``analytic_variance = False`` and raise ``NotImplementedError``.
+function of the true fraction(s) involved. The mechanisms with a closed form derive from
+:class:`AnalyticDistribution`, whose ``range_variance(a, b, f)`` is the per-user variance of the range estimate of
+the inclusive bucket range [a, b] when a fraction f of users lies in it; Square Wave + EMS (biased, no closed form)
+derives from :class:`DistributionMechanism` alone and has no ``range_variance``, ``variance`` or ``bias``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import Mechanism, check_int
+from protocols.base import AnalyticMechanism, Mechanism, check_int
 from protocols.distribution.grid import unit_to_bucket
 from protocols.distribution.result import DistributionEstimate
 
-__all__ = ["DistributionMechanism", "check_range"]
+__all__ = ["DistributionMechanism", "AnalyticDistribution", "check_range"]
 
 
 def check_range(a: Any, b: Any, D: int) -> tuple[int, int]:
@@ -40,10 +41,10 @@ class DistributionMechanism(Mechanism):
     """ε-LDP histogram / range / CDF estimation over D ordered buckets."""
 
     D: int
-    #: The histogram and range estimates are unbiased (False for Square Wave's EMS).
-    unbiased: bool = True
-    #: ``range_variance`` has a closed form.
-    analytic_variance: bool = True
+    #: The histogram and range estimates are unbiased (True for :class:`AnalyticDistribution`).
+    unbiased: bool = False
+    #: ``range_variance`` has a closed form (True exactly for :class:`AnalyticDistribution`).
+    analytic_variance: bool = False
     #: The input is bucketised before the randomizer (False for Square Wave, which takes the unit value itself).
     bucketised: bool = True
     #: Short method name used in results and by :func:`~protocols.distribution.choose.choose_distribution_mechanism`.
@@ -67,14 +68,6 @@ class DistributionMechanism(Mechanism):
     def prefix_estimates(self, reports: Any) -> np.ndarray:
         """Raw CDF estimates ``F̂_j`` = range [0, j], j = 0..D-1 (default: cumulative sum of the histogram)."""
         return np.cumsum(self.estimate(reports))
-
-    @abstractmethod
-    def range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:
-        """Per-user variance of the range estimate of [a, b] at true range fraction f (divide by n)."""
-
-    def variance(self, f: Any = 0.0) -> Any:
-        """Per-user variance of one bucket's estimate at true bucket fraction f (the same for every bucket)."""
-        return self.range_variance(0, 0, f)
 
     def n_reports(self, reports: Any) -> int:
         return int(np.asarray(reports).shape[0])
@@ -113,12 +106,35 @@ class DistributionMechanism(Mechanism):
     def _distribution(self, hist: Any, cdf: Any, n: int, level: float, edges: Any) -> DistributionEstimate:
         hist = np.asarray(hist, dtype=float)
         cdf = np.asarray(cdf, dtype=float)
-        hv = cv = None
-        if self.analytic_variance:
-            hv = np.array([self.range_variance(j, j, float(np.clip(hist[j], 0, 1))) for j in range(self.D)])
-            cv = np.array([self.range_variance(0, j, float(np.clip(cdf[j], 0, 1))) for j in range(self.D)])
+        hv, cv = self._plug_in_variances(hist, cdf)
         return DistributionEstimate(hist, cdf, n, self.method, self.unbiased, hv, cv, level,
                                     None if edges is None else np.asarray(edges, dtype=float))
 
+    def _plug_in_variances(self, hist: np.ndarray, cdf: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per-user variances of the histogram and the CDF: none without a closed form."""
+        return None, None
+
     def _params(self) -> dict[str, Any]:
         return {**super()._params(), "D": self.D}
+
+
+class AnalyticDistribution(DistributionMechanism, AnalyticMechanism):
+    """A distribution mechanism with unbiased histogram and range estimates and a closed-form range variance
+    (flat, hierarchical, Haar). Only these get normal intervals and are candidates of ``auto``."""
+
+    unbiased = True
+    analytic_variance = True
+
+    @abstractmethod
+    def range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:
+        """Per-user variance of the range estimate of [a, b] at true range fraction f (divide by n)."""
+
+    def variance(self, f: Any = 0.0) -> Any:
+        """Per-user variance of one bucket's estimate at true bucket fraction f (the same for every bucket)."""
+        return self.range_variance(0, 0, f)
+
+    def _plug_in_variances(self, hist: np.ndarray, cdf: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Plug-in: each variance is evaluated at the raw estimate clipped to [0, 1]."""
+        hv = np.array([self.range_variance(j, j, float(np.clip(hist[j], 0, 1))) for j in range(self.D)])
+        cv = np.array([self.range_variance(0, j, float(np.clip(cdf[j], 0, 1))) for j in range(self.D)])
+        return hv, cv

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from protocols.base import check_epsilon, check_int
-from protocols.distribution.base import DistributionMechanism
+from protocols.distribution.base import AnalyticDistribution, DistributionMechanism
 from protocols.distribution.flat import ORACLES, FlatOracle, check_oracle
 from protocols.distribution.grid import MAX_BUCKETS
 from protocols.distribution.haar_range import HaarDistribution
@@ -57,9 +57,9 @@ def query_ranges(D: int, query: str, length: int | None = None) -> list[tuple[in
     return [(0, int(j)) for j in ends]
 
 
-def query_variance(mech: DistributionMechanism, query: str, length: int | None = None) -> float:
+def query_variance(mech: AnalyticDistribution, query: str, length: int | None = None) -> float:
     """Mean per-user analytic variance of ``mech`` over the query's ranges (uniform-population fractions)."""
-    if not mech.analytic_variance:
+    if not isinstance(mech, AnalyticDistribution):
         raise ValueError(f"{mech.method} has no closed-form variance")
     ranges = query_ranges(mech.D, query, length)
     return float(np.mean([mech.range_variance(a, b, (b - a + 1) / mech.D) for a, b in ranges]))

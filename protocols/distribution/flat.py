@@ -20,15 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from protocols import catalogue
 from protocols.base import check_epsilon, check_int
-from protocols.distribution.base import DistributionMechanism, check_range
+from protocols.catalogue import Role
+from protocols.distribution.base import AnalyticDistribution, check_range
 from protocols.distribution.grid import MAX_BUCKETS
-from protocols.frequency import OLH, OUE
 
 __all__ = ["FlatOracle", "ORACLES", "check_oracle", "oracle_range_variance"]
 
-#: The level/bucket oracles offered, by their lower-case class names (the catalogue wire names of OUE and OLH).
-ORACLES = tuple(cls.__name__.lower() for cls in (OUE, OLH))
+#: The bucket/level oracles offered: the catalogue's distribution oracles (OUE and OLH), by wire name.
+ORACLES = catalogue.names(Role.DISTRIBUTION_ORACLE)
 
 
 def check_oracle(oracle: Any) -> str:
@@ -38,7 +39,8 @@ def check_oracle(oracle: Any) -> str:
 
 
 def make_oracle(oracle: str, epsilon: float, k: int) -> Any:
-    return OUE(epsilon, k) if oracle == "oue" else OLH(epsilon, k)
+    """The catalogue's oracle ``oracle`` over [0, k) at ε."""
+    return catalogue.build(check_oracle(oracle), epsilon=epsilon, k=k)
 
 
 def oracle_range_variance(p: float, q: float, length: Any, f: Any) -> Any:
@@ -47,7 +49,7 @@ def oracle_range_variance(p: float, q: float, length: Any, f: Any) -> Any:
     return (f * p * (1 - p) + (np.asarray(length, dtype=float) - f) * q * (1 - q)) / (p - q) ** 2
 
 
-class FlatOracle(DistributionMechanism):
+class FlatOracle(AnalyticDistribution):
     """The bucket reported with OUE or OLH over [0, D); ranges are sums. See the module docstring."""
 
     def __init__(self, epsilon: float, D: int, oracle: str = "oue") -> None:

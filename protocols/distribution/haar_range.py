@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 
 from protocols.base import check_epsilon, check_int
-from protocols.distribution.base import DistributionMechanism, check_range
+from protocols.distribution.base import AnalyticDistribution, check_range
 from protocols.distribution.grid import MAX_BUCKETS
 from protocols.haar import HaarHRR
 
 __all__ = ["HaarDistribution"]
 
 
-class HaarDistribution(DistributionMechanism):
+class HaarDistribution(AnalyticDistribution):
     """HaarHRR over D buckets; reports (n, 3) int64 ``(level, Hadamard index, ±1)``."""
 
     method = "haar_hrr"

@@ -47,8 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from protocols import catalogue
 from protocols.base import check_epsilon, check_int
-from protocols.distribution.base import DistributionMechanism, check_range
+from protocols.distribution.base import AnalyticDistribution, check_range
 from protocols.distribution.flat import check_oracle, make_oracle, oracle_range_variance
 from protocols.distribution.grid import MAX_BUCKETS
 
@@ -93,7 +94,7 @@ def decompose(a: int, b: int, B: int, h: int) -> dict[int, np.ndarray]:
     return {lvl: np.asarray(v, dtype=np.int64) for lvl, v in out.items()}
 
 
-class HierarchicalIntervals(DistributionMechanism):
+class HierarchicalIntervals(AnalyticDistribution):
     """Hierarchical intervals over D buckets with branching B and a level oracle (see the module docstring)."""
 
     def __init__(self, epsilon: float, D: int, branching: int = 4, oracle: str = "oue",
@@ -107,10 +108,15 @@ class HierarchicalIntervals(DistributionMechanism):
         self.consistency = consistency
         self.h = tree_height(self.D, self.B)
         self.leaves = self.B**self.h
-        if self.oracle_name == "oue" and self.leaves > 4 * MAX_BUCKETS:
-            raise ValueError(f"B^h = {self.leaves} leaves is too wide for unary reports")
         #: oracles[l] reports level l (index 0 unused: the root is known).
         self.oracles = [None] + [make_oracle(self.oracle_name, self.epsilon, self.B**lvl) for lvl in range(1, self.h + 1)]
+        oracle_entry = catalogue.entry(self.oracle_name)
+        #: widths[l]: values in level l's oracle row (its catalogue row shape: OUE B^l bits, OLH 2); index 0 unused.
+        self._widths = [0] + [int(np.prod(oracle_entry.row_shape(o), dtype=np.int64)) for o in self.oracles[1:]]
+        #: the dtype of the oracles' report rows (OUE uint8 bits, OLH int64 [seed, y]).
+        self._dtype = self.oracles[1].report_dtype
+        if self._widths[self.h] > 4 * MAX_BUCKETS:
+            raise ValueError(f"B^h = {self.leaves} leaves is too wide for unary reports")
         self.epsilon = self.oracles[1].epsilon
         self.p, self.q = self.oracles[1].p, self.oracles[1].q
         self.method = f"hierarchical_{self.oracle_name}_B{self.B}"
@@ -120,7 +126,8 @@ class HierarchicalIntervals(DistributionMechanism):
 
     @property
     def row_width(self) -> int:
-        return 1 + self.leaves if self.oracle_name == "oue" else 3
+        """1 (the level) + the widest level oracle's row: OUE 1 + B^h, OLH 3."""
+        return 1 + self._widths[self.h]
 
     # ------------------------------------------------------------------ client
     def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
@@ -129,27 +136,19 @@ class HierarchicalIntervals(DistributionMechanism):
         v = user_values(values, self.D)
         n = v.size
         levels = rng.integers(1, self.h + 1, size=n)
-        if self.oracle_name == "oue":
-            out = np.zeros((n, self.row_width), dtype=np.uint8)
-        else:
-            out = np.zeros((n, 3), dtype=np.int64)
+        out = np.zeros((n, self.row_width), dtype=self._dtype)
         out[:, 0] = levels
         for lvl in range(1, self.h + 1):
             at = np.flatnonzero(levels == lvl)
             if at.size == 0:
                 continue
             node = v[at] // self.B ** (self.h - lvl)
-            rep = self.oracles[lvl].privatize(node, rng)
-            if self.oracle_name == "oue":
-                out[at, 1 : 1 + self.B**lvl] = rep
-            else:
-                out[at, 1:] = rep
+            out[at, 1 : 1 + self._widths[lvl]] = self.oracles[lvl].privatize(node, rng)
         return out
 
     def _level_rows(self, reports: Any, lvl: int, rows: np.ndarray) -> np.ndarray:
-        if self.oracle_name == "oue":
-            return rows[:, 1 : 1 + self.B**lvl]
-        return rows[:, 1:]
+        """Level ``lvl``'s oracle row within hierarchical rows (after the level column; OUE rows are zero-padded)."""
+        return rows[:, 1 : 1 + self._widths[lvl]]
 
     def _check(self, reports: Any) -> np.ndarray:
         r = np.asarray(reports)
@@ -180,11 +179,7 @@ class HierarchicalIntervals(DistributionMechanism):
         out = []
         for lvl in range(1, self.h + 1):
             at = r[:, 0] == lvl
-            rows = self._level_rows(r, lvl, r[at])
-            if self.oracle_name == "oue":
-                rows = rows.astype(np.uint8, copy=False)
-            else:
-                rows = rows.astype(np.int64, copy=False)
+            rows = self._level_rows(r, lvl, r[at]).astype(self._dtype, copy=False)
             n_l = int(np.count_nonzero(at))
             counts = self.oracles[lvl].support_counts(rows) if n_l else np.zeros(self.B**lvl, dtype=np.int64)
             out.append((n_l, np.asarray(counts, dtype=float)))

@@ -30,9 +30,11 @@ until the log-likelihood ``Σ_j c_j·log (M x)_j`` improves by less than ``tol``
 ``max_iter`` iterations. The result is a proper distribution over the D buckets.
 
 **Bias.** EMS is a penalised (smoothed) maximum-likelihood estimator: it is **biased** (smoothing flattens sharp
-features; non-negativity pulls up empty buckets) and has **no closed-form variance**, so ``unbiased = False``,
-``analytic_variance = False``, :meth:`range_variance` raises, and the ``auto`` policy excludes Square Wave
-(its accuracy is measured instead: ``tests/protocols/distribution/test_distribution_stats.py``).
+features; non-negativity pulls up empty buckets) and has **no closed-form variance**, so it is a plain
+:class:`~protocols.distribution.base.DistributionMechanism` (not an ``AnalyticDistribution``: no ``range_variance``,
+``variance`` or ``bias``; ``unbiased`` and ``analytic_variance`` are False), its estimates carry no intervals, and
+the ``auto`` policy excludes it (its accuracy is measured instead:
+``tests/protocols/distribution/test_distribution_stats.py``).
 """
 
 from __future__ import annotations
@@ -113,8 +115,6 @@ def ems(M: np.ndarray, counts: np.ndarray, *, smoothing: bool = True, tol: float
 class SquareWave(DistributionMechanism):
     """Square Wave over [0, 1] with EMS onto D buckets (see the module docstring). Reports: (n,) float64."""
 
-    unbiased = False
-    analytic_variance = False
     bucketised = False
     method = "square_wave"
 
@@ -205,10 +205,3 @@ class SquareWave(DistributionMechanism):
     def estimate(self, reports: Any) -> np.ndarray:
         """The EMS histogram over the D buckets (a distribution; biased — see the module docstring)."""
         return self.estimate_counts(self.output_counts(reports))
-
-    def range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:
-        raise NotImplementedError("Square Wave + EMS has no closed-form variance (EMS is a biased, iterative "
-                                  "estimator); measure its accuracy empirically")
-
-    def bias(self, *args: Any, **kwargs: Any) -> float:
-        raise NotImplementedError("EMS is biased and its bias has no closed form (smoothing, non-negativity)")

@@ -45,6 +45,9 @@ MAX_G = 1 << 30
 class LocalHashing(FrequencyOracle):
     """Local hashing with hash range ``g``; reports are ``(n, 2)`` int64 ``[seed, y]``. See the module docstring."""
 
+    #: dtype of the report rows ``privatize`` returns ([seed, y]).
+    report_dtype = np.int64
+
     def __init__(self, epsilon: float, k: int, g: int) -> None:
         self.epsilon = oracle_epsilon(epsilon)
         self.k = check_int(k, "k", minimum=2, maximum=MAX_ITEM + 1)

@@ -34,6 +34,9 @@ _CHUNK_CELLS = 1 << 21
 class UnaryEncoding(FrequencyOracle):
     """Unary encoding with bit probabilities ``p`` (the input's bit) and ``q`` (every other bit)."""
 
+    #: dtype of the report rows ``privatize`` returns (0/1 bits).
+    report_dtype = np.uint8
+
     def __init__(self, epsilon: float, k: int, p: float, q: float) -> None:
         self.epsilon = oracle_epsilon(epsilon)
         self.k = check_int(k, "k", minimum=2)
@@ -44,7 +47,7 @@ class UnaryEncoding(FrequencyOracle):
     def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
         x = user_values(values, self.k)
         n, k = x.shape[0], self.k
-        out = np.empty((n, k), dtype=np.uint8)
+        out = np.empty((n, k), dtype=self.report_dtype)
         rows = max(1, _CHUNK_CELLS // k)
         for start in range(0, n, rows):  # chunks of users, vectorised inside
             stop = min(n, start + rows)

@@ -10,6 +10,7 @@ Reports are (k,) uint8 vectors (fleet: (n, k)); C_v is the column sum.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from typing import Any
 
 import numpy as np
@@ -44,8 +45,9 @@ class LongitudinalUE(MemoizedProtocol):
             raise ValueError(f"(ε∞={self.epsilon_inf:g}, ε1={self.epsilon_1:g}) is outside the range where the unary "
                              "chain's parameters are numerically exact")
 
+    @abstractmethod
     def _make_chain(self) -> TwoStageChain:
-        raise NotImplementedError
+        """The two-stage chain of (ε∞, ε1): OUE or SUE first, then SUE."""
 
     def params(self) -> dict[str, Any]:
         return {"epsilon_inf": self.epsilon_inf, "epsilon_1": self.epsilon_1, "k": self.k}

@@ -76,7 +76,7 @@ def test_api_and_dashboard(tmp_path):
 
 
 def test_api_without_credentials_is_refused_and_limits_hold(tmp_path):
-    """Issue 15: every route but /healthz needs a token from the token file (default <db>.api-token, mode 0600);
+    """Every route but /healthz needs a token from the token file (default <db>.api-token, mode 0600);
     at most max_threads requests at once (503 beyond), an idle client is dropped, the estimates cache is bounded."""
     import socket
     import time
@@ -121,7 +121,7 @@ def test_api_without_credentials_is_refused_and_limits_hold(tmp_path):
 
 
 def test_prometheus_metrics_parse_with_the_librarys_own_parser(tmp_path):
-    """Issue 16 item 5: /metrics in the Prometheus text format (prometheus-client's parser reads it back): ingest
+    """/metrics is in the Prometheus text format (prometheus-client's parser reads it back): ingest
     counters, per-device rejections, round progress, the latest estimates with their interval bounds."""
     from prometheus_client.parser import text_string_to_metric_families
 

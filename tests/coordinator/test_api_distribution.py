@@ -1,4 +1,4 @@
-"""Issue 19 item 2: distribution streams in the HTTP API JSON, the dashboard (the CDF with its band) and the
+"""Distribution streams in the HTTP API JSON, the dashboard (the CDF with its band) and the
 Prometheus metrics (quantile gauges)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 19 item 2: `haarvest coordinator estimate` prints a distribution stream's quantiles with intervals."""
+"""`haarvest coordinator estimate` prints a distribution stream's quantiles with intervals."""
 
 from __future__ import annotations
 

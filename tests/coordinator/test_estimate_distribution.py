@@ -1,4 +1,4 @@
-"""Issue 19 item 2: distribution streams through the coordinator — signed reports of a simulated fleet accepted
+"""Distribution streams through the coordinator — signed reports of a simulated fleet accepted
 by the Validator, statistics kept at ingest by the Store, the estimate (histogram, CDF, quantiles with intervals)
 equal from the aggregates and from the stored reports, and the truth's quantiles inside the intervals."""
 

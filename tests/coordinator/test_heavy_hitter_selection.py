@@ -1,4 +1,4 @@
-"""Heavy-hitter selection in the round contract and the coordinator (issue 20 item 3): ``threshold`` and ``top_k``
+"""Heavy-hitter selection in the round contract and the coordinator: ``threshold`` and ``top_k``
 in HeavyHitterSpec (optional, absent from the JSON when unset), the estimate's ``heavy_hitters``, the planner."""
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def test_top_k_never_exceeds_the_candidate_cap_and_items_are_named_as_prefixes()
     assert names[-1] == "other" and names[:-1] != ["a", "b", "c", "d", "e"][: small.k - 1]
 
 
-# --- one prefix encoding (issue 17 item 6) -------------------------------------------------------------------------
+# --- one prefix encoding ---------------------------------------------------------------------------------------------
 # The two encodings as they were before protocols.heavy_hitters.prefix_items became their one home: the reference.
 
 def _old_contract_items(spec: HeavyHitterSpec, values: np.ndarray) -> np.ndarray:

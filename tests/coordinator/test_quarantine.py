@@ -1,4 +1,4 @@
-"""Issue 15: per-device contracts, rejections counted per device, and the flood quarantine (guard, store status,
+"""Per-device contracts, rejections counted per device, and the flood quarantine (guard, store status,
 validator, dynamic-security commands). The broker side runs on a real mosquitto in
 tests/deploy/test_broker_identity.py."""
 

@@ -1,4 +1,4 @@
-"""Issue 15, on the shipped mosquitto configuration with TLS client certificates from `haarvest pki`: a client id is
+"""On the shipped mosquitto configuration with TLS client certificates from `haarvest pki`: a client id is
 bound to the certificate's identity (``use_identity_as_username`` + ``use_username_as_clientid``), so an enrolled
 device cannot take over or wipe another client's session, and the broker refuses payloads above the coordinator's
 cap. Each test fails on a configuration without the binding (or without ``message_size_limit``)."""
@@ -88,7 +88,7 @@ def _close(*clients: mqtt.Client) -> None:
 
 def test_a_device_cannot_wipe_the_coordinators_session(broker):
     """A device certificate connecting with the coordinator's client id and clean start: the coordinator's queued
-    reports survive (before the fix the broker dropped all of them)."""
+    reports survive (without the client-id binding the broker would drop all of them)."""
     got: list[bytes] = []
     coord = broker.client("coordinator", "haarvest-coordinator", clean=True)
     coord.subscribe("haarvest/v1/reports/+", qos=1)

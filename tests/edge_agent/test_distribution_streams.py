@@ -1,4 +1,4 @@
-"""Issue 19 item 2: distribution streams on the device — config (named mechanisms, distribution_auto), clip +
+"""Distribution streams on the device — config (named mechanisms, distribution_auto), clip +
 bucketise + privatize + catalogue codec, the ledger's charge per report, the round contract, and the coordinator
 accepting and estimating what the agents send."""
 

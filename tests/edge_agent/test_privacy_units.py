@@ -354,18 +354,6 @@ def test_memoize_needs_the_value_unit(tmp_path):
     assert cfg.stream_memoizes(cfg.streams[0]) and cfg.stream_unit(cfg.streams[0]) == "value"
 
 
-def test_a_round_cannot_change_the_unit(tmp_path):
-    from edge_agent.pipeline import Pipeline
-    from protocols.errors import SpecMismatch
-
-    cfg = simple_config("d", tmp_path / "s", [categorical("x", 3)], [GRR_STREAM])
-    pipe = Pipeline(cfg, bytes(32))
-    spec = dict(pipe.stream_specs()["x"])
-    assert spec["unit"] == "device"
-    with pytest.raises(SpecMismatch, match="unit"):
-        pipe.plan_for("x", {**spec, "unit": "value"})
-
-
 DDRM_STREAM = {"name": "x", "dimensions": ["x"], "mechanism": "ddrm", "epsilon": 0.5,
                "params": {"horizon": 4, "changes": 1}}
 

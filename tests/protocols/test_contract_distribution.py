@@ -1,4 +1,4 @@
-"""Issue 19 item 2: the "distribution" stream kind of the round contract and its catalogue entries (SPEC §3.14)."""
+"""The "distribution" stream kind of the round contract and its catalogue entries (SPEC §3.14)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Heavy hitters' selection options (issue 20 item 3): ``threshold=`` and ``top_k=``, the significance default."""
+"""Heavy hitters' selection options: ``threshold=`` and ``top_k=``, the significance default."""
 
 from __future__ import annotations
 

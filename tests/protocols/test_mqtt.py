@@ -1,4 +1,4 @@
-"""protocols.mqtt, the one home of MQTT client setup (issue 17 item 6): protocol settings, the MQTT 5 → 3.1.1
+"""protocols.mqtt, the one home of MQTT client setup: protocol settings, the MQTT 5 → 3.1.1
 fall-back rule, the client factory; the device, the round publisher and the coordinator's receiver use it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Importing a haarvest module has no side effects: the environment, sys.path, the root logger, the warning filters
-and the working directory are the same after every import as before it (issue 17 item 8). Setting up a run's
+and the working directory are the same after every import as before it. Setting up a run's
 environment is the job of the function that starts the run (e.g. :func:`simulations.flower_sim.configure_environment`,
 called by :func:`simulations.flower_sim.run_flower_simulation`)."""
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("protocols", "edge_agent", "coordinator", "simulations")
+PACKAGES = ("haarvest", "protocols", "edge_agent", "coordinator", "simulations")
 
 # Runs in a fresh interpreter (nothing imported yet) with an empty working directory; prints one JSON object.
 _PROBE = r"""

@@ -1,4 +1,4 @@
-"""Issue 15: a report is delivered when the coordinator has stored it, not when the broker has PUBACKed it.
+"""A report is delivered when the coordinator has stored it, not when the broker has PUBACKed it.
 
 On a real mosquitto: the broker loses the coordinator's queued reports (its session wiped while it is down) — the
 agents, which saw every PUBACK, re-send what the coordinator never receipted, and every charged report is stored;

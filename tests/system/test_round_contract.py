@@ -11,30 +11,20 @@ import pytest
 
 from coordinator.estimate import estimate_round
 from coordinator.rounds import RoundManager
-from protocols.contract import StreamSpec, parse_round_params
+from protocols.contract import StreamSpec
 from coordinator.store import SQLiteStore
 from coordinator.validate import Validator
 from edge_agent.agent import Agent
-from edge_agent.embed import categorical, new_identity, numeric, simple_config
+from edge_agent.embed import categorical, new_identity, simple_config
 from edge_agent.pipeline import Pipeline
-from edge_agent.plans import stream_specs
 from edge_agent.sources import CallableSource
 from protocols import wire
 from protocols.longitudinal import LOLOHA
 from protocols.longitudinal import memo_key as protocol_memo_key
 from protocols.longitudinal.memo import encode_value
-from protocols.pipeline import HaarRecord, choose_mechanism
+from tests.edge_agent.signed_rounds import CONTRACT_DIMS as DIMS, CONTRACT_STREAMS as STREAMS
 
 COORD = wire.generate_signing_key()
-DIMS = [numeric("age", 17, 90), numeric("hours", 1, 99), numeric("edu", 1, 16), numeric("load", 0, 100),
-        categorical("sex", 2), categorical("app", 6)]
-STREAMS = [
-    {"name": "profile", "dimensions": ["age", "hours", "edu"], "mechanism": "haar", "epsilon": 2.0},
-    {"name": "load", "dimensions": ["load"], "mechanism": "hybrid", "epsilon": 1.0},
-    {"name": "sex", "dimensions": ["sex"], "epsilon": 1.0},
-    {"name": "app", "dimensions": ["app"], "mechanism": "loloha", "epsilon_1": 1.0, "epsilon_inf": 2.0,
-     "params": {"g": 3}},
-]
 
 
 def _cfg(i, tmp_path, streams=STREAMS, dims=DIMS, unit="value"):
@@ -47,22 +37,6 @@ def _cfg(i, tmp_path, streams=STREAMS, dims=DIMS, unit="value"):
 
 def _round(rid, params, eps=10.0, **kw):
     return wire.sign_round(wire.RoundConfig(round_id=rid, protocol="t", epsilon=eps, params=params, **kw), COORD)
-
-
-def test_stream_specs_are_valid_coordinator_specs_and_resolve_every_choice(tmp_path):
-    specs = stream_specs(_cfg(0, tmp_path))
-    parsed = parse_round_params({"streams": specs})
-    prof = parsed.streams["profile"]
-    assert prof.kind == "haar" and prof.bounds == [(17, 90), (1, 99), (1, 16)]
-    assert set(prof.params) == {"epsilon", "d", "mean_mechanism", "detail_mechanism", "split"}
-    mech = prof.build()
-    assert isinstance(mech, HaarRecord) and mech.d == 3 and mech.epsilon == 2.0
-    assert parsed.streams["app"].kind == "longitudinal" and parsed.streams["app"].params["g"] == 3
-    assert parsed.streams["app"].epsilon == 2.0  # ε∞ counts towards the round's ε
-    assert parsed.streams["sex"].kind == "frequency"
-    # auto delegates to the one chooser of the project
-    ch = choose_mechanism(1.0, 1, "frequency", k=2)
-    assert specs["sex"]["mechanism"] == ch.name and specs["sex"]["params"] == ch.params
 
 
 def test_component_form_of_haar_is_converted_to_haar_record_params():

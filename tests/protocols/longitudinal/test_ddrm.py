@@ -1,4 +1,4 @@
-"""DDRM behind its own honest interface (issue 17 item 5): the difference trees (protocols/longitudinal/ddrm.py) derive
+"""DDRM behind its own honest interface: the difference trees (protocols/longitudinal/ddrm.py) derive
 from the common longitudinal base, not the memoized one, so they carry no memo method they cannot honour — and every
 public method and property they do expose works."""
 

@@ -1,5 +1,5 @@
 """The evaluation's conclusion sentences are computed from the measurements: two different (fake) measurement tables
-give different sentences — which method wins, by what ratio, whether a bound held (issue 17 item 8). Fast: no
+give different sentences — which method wins, by what ratio, whether a bound held. Fast: no
 experiment runs, only the functions that turn tables into text."""
 
 from __future__ import annotations
