@@ -6,6 +6,9 @@ For one reading (a mapping field → value) :meth:`Pipeline.observe` returns a :
 3. **volatility** and 4. **adaptive α-point rounding** (:mod:`edge_agent.rounding_state`);
 5. **Normalise** to ``t = 2(x − lo)/(hi − lo) − 1 ∈ [−1, 1]``.
 
+Clipping and normalisation are :func:`protocols.contract.clip` and :func:`protocols.contract.normalise`, applied to
+a reading's numeric dimensions at once — the same functions the fleet simulator applies to a whole fleet.
+
 :meth:`Pipeline.prepare` then turns a record into one :class:`PreparedReport` per stream. A stream is one dimension
 or a *group* of numeric dimensions privatized together by one vector mechanism (``ksampling``, ``duchi_md``, or
 ``haar`` — :class:`protocols.pipeline.HaarRecord`, the memoized pipeline's record mechanism). The memo key is
@@ -30,7 +33,7 @@ import numpy as np
 
 from protocols import catalogue
 from protocols.base import os_rng
-from protocols.contract import StreamSpec, heavy_hitter_items
+from protocols.contract import StreamSpec, clip, heavy_hitter_items, normalise
 from protocols.errors import InvalidRecord, SpecMismatch
 from protocols.memo_key import canonical_value, memo_key
 
@@ -97,6 +100,10 @@ class Pipeline:
             if d.kind == "numeric" and d.rounding.enabled
         }
         self.clipped_total: dict[str, int] = {d.name: 0 for d in self.dimensions if d.kind == "numeric"}
+        #: the numeric dimensions and their bounds, clipped and normalised together once per reading
+        self._numeric = [d for d in self.dimensions if d.kind == "numeric"]
+        self._lo = np.array([float(d.lo) for d in self._numeric])  # type: ignore[arg-type]
+        self._hi = np.array([float(d.hi) for d in self._numeric])  # type: ignore[arg-type]
         self._round_plans: dict[tuple[str, str], StreamPlan] = {}
         self._last_spec: dict[str, tuple[StreamSpec, StreamPlan]] = {}
         self._clients: dict[tuple[str, str], Any] = {}
@@ -128,18 +135,20 @@ class Pipeline:
         exact: dict[str, float] = {}
         clipped: list[str] = []
         rounded: list[str] = []
-        for d in self.dimensions:
-            v = raw[d.name]
-            if d.kind == "categorical":
-                values[d.name] = int(v)
-                canonical[d.name] = ["c", int(v)]
-                continue
-            lo, hi = float(d.lo), float(d.hi)  # type: ignore[arg-type]
-            x = min(max(float(v), lo), hi)
-            if x != v:
+        numeric = self._numeric
+        xs = clip([raw[d.name] for d in numeric], self._lo, self._hi).tolist() if numeric else []
+        for d, x in zip(numeric, xs):
+            if x != raw[d.name]:
                 clipped.append(d.name)
                 self.clipped_total[d.name] += 1
             exact[d.name] = x
+        for d in self.dimensions:
+            if d.kind == "categorical":
+                v = int(raw[d.name])
+                values[d.name] = v
+                canonical[d.name] = ["c", v]
+                continue
+            x = exact[d.name]
             rnd = self._rounding.get(d.name)
             if rnd is not None:
                 x, canon, was_rounded = rnd.observe(x)
@@ -149,7 +158,9 @@ class Pipeline:
                 canon = canonical_value(x)
             values[d.name] = x
             canonical[d.name] = canon
-            normalised[d.name] = min(1.0, max(-1.0, 2.0 * (x - lo) / (hi - lo) - 1.0))
+        ts = normalise([values[d.name] for d in numeric], self._lo, self._hi).tolist() if numeric else []
+        for d, t in zip(numeric, ts):
+            normalised[d.name] = t
         return Record(values, normalised, canonical, tuple(clipped), tuple(rounded), exact)
 
     # --- prepare ------------------------------------------------------------------------------------------
@@ -169,6 +180,8 @@ class Pipeline:
         t = [record.normalised[d.name] for d in plan.dimensions]
         if plan.rounding is None:
             return canon, t
+        redone: list[int] = []
+        ys: list[float] = []
         for j, (d, step) in enumerate(zip(plan.dimensions, plan.rounding)):
             x = record.exact.get(d.name)
             if x is None:
@@ -178,8 +191,13 @@ class Pipeline:
                 y, canon[j] = x, canonical_value(x)
             else:
                 y, canon[j] = rnd.round_with(x, step)
-            lo, hi = float(d.lo), float(d.hi)  # type: ignore[arg-type]
-            t[j] = min(1.0, max(-1.0, 2.0 * (y - lo) / (hi - lo) - 1.0))
+            redone.append(j)
+            ys.append(y)
+        if redone:
+            dims = [plan.dimensions[j] for j in redone]
+            ts = normalise(ys, [float(d.lo) for d in dims], [float(d.hi) for d in dims]).tolist()  # type: ignore[arg-type]
+            for j, tj in zip(redone, ts):
+                t[j] = tj
         return canon, t
 
     @staticmethod

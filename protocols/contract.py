@@ -84,6 +84,7 @@ __all__ = [
     "parse_round_params",
     "make_body",
     "body_row",
+    "clip",
     "normalise",
     "denormalise",
     "heavy_hitter_items",
@@ -448,13 +449,26 @@ def _lo_hi(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
     return lo_a, hi_a
 
 
+def clip(x: Any, lo: Any, hi: Any) -> np.ndarray:
+    """Clip values to [lo, hi] (trailing axis = dimensions): a documented bias, never an error (SPEC §2.3). The one
+    clip of devices (:meth:`edge_agent.pipeline.Pipeline.observe`, once per reading) and the fleet simulator.
+    ValueError for non-finite values or bounds without hi > lo."""
+    lo_a, hi_a = _lo_hi(lo, hi)
+    return np.clip(_finite_values(x), lo_a, hi_a)
+
+
+def _finite_values(x: Any) -> np.ndarray:
+    arr = np.asarray(x, dtype=float)
+    if arr.size and not np.all(np.isfinite(arr)):
+        raise ValueError("values must be finite; got NaN or infinity")
+    return arr
+
+
 def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:
     """Clip to [lo, hi] and map to [-1, 1]: ``t = 2(x - lo)/(hi - lo) - 1`` (trailing axis = dimensions; the one
     normalisation of devices, simulations and tests). ValueError for non-finite values or bounds without hi > lo."""
     lo_a, hi_a = _lo_hi(lo, hi)
-    arr = np.asarray(x, dtype=float)
-    if arr.size and not np.all(np.isfinite(arr)):
-        raise ValueError("values must be finite; got NaN or infinity")
+    arr = _finite_values(x)
     return np.clip(2.0 * (np.clip(arr, lo_a, hi_a) - lo_a) / (hi_a - lo_a) - 1.0, -1.0, 1.0)
 
 

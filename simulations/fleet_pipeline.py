@@ -3,10 +3,9 @@
 It is not a second pipeline. The steps that decide what a device reports and what it is charged are defined once,
 in the mechanism library, and the edge agent — ``edge_agent/pipeline.py`` (clip, normalise, memo key, privatize)
 and ``edge_agent/rounding_state.py`` (one dimension's window, epoch plans and life-long offset) — calls the same
-ones (clipping and normalisation are one-line formulas the device writes per value and this module applies with
-numpy; the equivalence test below checks that they agree bit for bit):
+ones (the equivalence test below checks that they agree bit for bit):
 
-1. clip x to [lo, hi] (a documented bias, never an error; the device's ``min(max(x, lo), hi)``);
+1. clip x to [lo, hi] (:func:`protocols.contract.clip`; a documented bias, never an error);
 2. volatility window of the last W + 1 values per dimension (:class:`protocols.rounding.VolatilityDetector`);
 3. epoch plan (:func:`protocols.rounding.epoch_plan` over :class:`protocols.rounding.EpochSteps`): quantised steps
    ``(hi-lo)/K_base·2^m`` and the volatile mask, recomputed only at epoch boundaries; no plan until the first
@@ -51,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from protocols import catalogue
-from protocols.contract import denormalise, normalise
+from protocols.contract import clip, denormalise, normalise
 from protocols.memo_key import canonical_codes, canonical_value
 from protocols.pipeline import HaarRecord, choose_mechanism
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, epoch_plan
@@ -346,7 +345,7 @@ class MemoizedPipeline:
         steps = _FleetSteps(self, n, u)
         if hist is not None:
             for h in range(hist.shape[1]):
-                steps.observe(np.clip(hist[:, h, :], self.lo, self.hi).reshape(-1))
+                steps.observe(clip(hist[:, h, :], self.lo, self.hi).reshape(-1))
         return steps
 
     def trace(self, records: Any, u: Any, *, history: Any = None) -> FleetTrace:
@@ -356,7 +355,7 @@ class MemoizedPipeline:
         x, hist, u_arr = self._inputs(records, history, u, None)
         n, tau, d = x.shape
         steps = self._steps(n, u_arr, hist)
-        xc = np.clip(x, self.lo, self.hi)
+        xc = clip(x, self.lo, self.hi)
         out = [np.empty((n, tau, d)), np.empty((n, tau, d), dtype=bool), np.empty((n, tau, d), dtype=np.int64),
                np.empty((n, tau, d), dtype=np.int64)]
         for r in range(tau):
@@ -385,7 +384,7 @@ class MemoizedPipeline:
         x, hist, u_arr = self._inputs(records, history, u, rng)
         n, tau, d = x.shape
         steps = self._steps(n, u_arr, hist)
-        xc = np.clip(x, self.lo, self.hi)
+        xc = clip(x, self.lo, self.hi)
         clipped = int(np.count_nonzero(xc != x))
         t = np.empty_like(x)
         h1 = np.empty((n, tau), dtype=np.uint64)
