@@ -174,21 +174,27 @@ def _nested_exponent(ratio: Any, k_base: int) -> np.ndarray:
     return np.clip(m, 0, int(math.floor(math.log2(k_base))))
 
 
+def _grid_step(lo: Any, hi: Any, exponent: Any, k_base: int) -> np.ndarray:
+    """The nested grid's step ``(hi - lo)/K_base · 2^m`` for exponents m (the one step-from-exponent formula)."""
+    return (np.asarray(hi, dtype=float) - np.asarray(lo, dtype=float)) / k_base * np.exp2(exponent)
+
+
 def quantise_step(step: Any, lo: Any, hi: Any, k_base: int = 100) -> np.ndarray:
     """Round a step up to the nested grid ``(hi - lo)/K_base · 2^m`` (m ≥ 0 integer, ``2^m ≤ K_base`` so a step
     never exceeds hi - lo): the one nested-step rule (SPEC §2.2) of the device's epochs (:func:`quantised_step`)
     and of the coordinator's planned rounds (``coordinator.rounds.plan_rounding_steps``); devices follow only
     these steps of their own grid."""
     base = (np.asarray(hi, dtype=float) - np.asarray(lo, dtype=float)) / k_base
-    return base * np.exp2(_nested_exponent(np.asarray(step, dtype=float) / base, k_base))
+    return _grid_step(lo, hi, _nested_exponent(np.asarray(step, dtype=float) / base, k_base), k_base)
 
 
 def quantised_step(lo: Any, hi: Any, score: Any, k_base: int = 100, eta: float = 0.1) -> np.ndarray:
     """``(hi-lo)·max(1/K_base, score/η)`` rounded up to ``(hi-lo)/K_base·2^m`` (m ≥ 0, step ≤ hi - lo): the
-    nested grid exponent of a volatility score (:func:`quantised_exponent`; the same grid as :func:`quantise_step`)."""
+    nested grid step of a volatility score (:func:`quantised_exponent`; the same grid as :func:`quantise_step`) —
+    a device's epoch steps (:class:`EpochSteps`) and the coordinator's planned steps
+    (``coordinator.rounds.plan_rounding_steps``)."""
     lo_arr, hi_arr = _bounds(lo, hi)
-    m = quantised_exponent(score, k_base, eta)
-    return (hi_arr - lo_arr) / k_base * np.exp2(m)
+    return _grid_step(lo_arr, hi_arr, quantised_exponent(score, k_base, eta), k_base)
 
 
 class AlphaRounder:
@@ -320,7 +326,7 @@ class EpochSteps:
         if s.size != self.lo.size:
             raise ValueError(f"expected {self.lo.size} scores, got {s.size}")
         exponents = quantised_exponent(s, self.k_base, self.eta)
-        steps = (self.hi - self.lo) / self.k_base * np.exp2(exponents)
+        steps = _grid_step(self.lo, self.hi, exponents, self.k_base)
         self._plan = EpochPlan(epoch, steps, exponents, s > self.tau)
         return self._plan
 
@@ -358,7 +364,7 @@ class EpochSteps:
                 volatile = np.asarray(raw["volatile"], dtype=bool)
                 if exponents.shape != obj.lo.shape or volatile.shape != obj.lo.shape:
                     raise ValueError("EpochSteps state: plan has the wrong number of dimensions")
-                steps = (obj.hi - obj.lo) / obj.k_base * np.exp2(exponents)
+                steps = _grid_step(obj.lo, obj.hi, exponents, obj.k_base)
                 obj._plan = EpochPlan(int(raw["epoch"]), steps, exponents, volatile)
         except KeyError as exc:
             raise ValueError(f"EpochSteps state is missing {exc}") from None
