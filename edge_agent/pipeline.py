@@ -213,8 +213,9 @@ class Pipeline:
             return np.asarray([value], dtype=np.int64)
         if plan.distribution:  # the clipped (α-rounded) value on the unit scale of the public grid
             return plan.grid().unit([record.values[plan.dimensions[0].name]])
-        # vector mechanisms (they have ``d``: k-sampling, Duchi multi-dim, HaarRecord) take one row of d values
-        return np.asarray([t], dtype=float) if hasattr(plan.mechanism, "d") else np.asarray(t, dtype=float)
+        # vector mechanisms (k-sampling, Duchi multi-dim, HaarRecord) take one row of d values
+        vector = catalogue.entry(plan.mechanism_name).family in (catalogue.Family.VECTOR, catalogue.Family.HAAR)
+        return np.asarray([t], dtype=float) if vector else np.asarray(t, dtype=float)
 
     def _body_maker(self, plan: StreamPlan, x: np.ndarray) -> Callable[[], dict[str, Any]]:
         codec = catalogue.entry(plan.mechanism_name)

@@ -18,8 +18,9 @@ once per bucket; under the device unit every report is charged ε.
 **Mechanism policy** ``auto`` delegates to :func:`protocols.pipeline.choose_mechanism` (the one chooser of the
 project: lowest analytic variance, exact variance models): categorical → GRR / OUE / OLH; a numeric stream of d
 dimensions → HM k-sampling, Duchi multi-dim or the Haar record mechanism for the stream's query (``params = {"query":
-"mean" | "range" | "dyadic" | "total"}``, default ``mean``). For d = 1 the k-sampling winner is HM itself and is
-reported as ``hybrid``.
+"mean" | "range" | "dyadic" | "total"}``, default ``mean``); the stream runs the choice's
+:meth:`~protocols.pipeline.MechanismChoice.deployed` mechanism (for d = 1 a k-sampling winner is HM itself, named
+``hybrid``).
 
 :func:`build_stream_plan` resolves a configured stream into a :class:`StreamPlan`; :attr:`StreamPlan.charge` is
 what the ledger charges per report (the formulas of :mod:`protocols.accounting`); :func:`privacy_statement` says
@@ -130,9 +131,11 @@ class StreamPlan:
             return "longitudinal"
         if self.kind == "categorical":
             return "frequency"
-        if self.mechanism_name == "haar":
+        family = catalogue.entry(self.mechanism_name).family
+        if family is Family.HAAR:
             return "haar"
-        return "numeric" if self.kind == "scalar" and getattr(self.mechanism, "d", 1) == 1 else "vector"
+        return "numeric" if self.kind == "scalar" and (family is not Family.VECTOR or self.mechanism.d == 1) \
+            else "vector"
 
     def stream_spec(self) -> dict[str, Any]:
         """This plan as the coordinator's StreamSpec (JSON-ready): what a round must send for the device to answer
@@ -209,15 +212,11 @@ def _constructor_params(name: str, stream: StreamConfig, dims: tuple[DimensionCo
 
 
 def _resolved(name: str, params: dict[str, Any], mech: Any) -> dict[str, Any]:
-    """Constructor parameters with every automatic choice resolved (HaarRecord: mean mechanism and split; Hadamard
-    response: its design ``rows``, which fixes the output space), so the coordinator rebuilds exactly the device's
-    mechanism from the stream spec, whatever version of the automatic rule either side runs."""
-    if name == "haar":
-        return {"epsilon": float(mech.epsilon), "d": int(mech.d), "mean_mechanism": mech.mean_mechanism,
-                "detail_mechanism": mech.detail_mechanism, "split": float(mech.split)}
-    if name == "hr":
-        return {**params, "rows": int(mech.rows)}
-    return params
+    """Constructor parameters with every automatic choice resolved (the mechanisms the catalogue marks
+    ``resolves_params``: HaarRecord's mean mechanism and split, Hadamard response's design ``rows``), so the
+    coordinator rebuilds exactly the device's mechanism from the stream spec, whatever version of the automatic rule
+    either side runs."""
+    return dict(mech._params()) if catalogue.entry(name).resolves_params else params
 
 
 @functools.lru_cache(maxsize=256)
@@ -225,12 +224,8 @@ def _auto_choice(epsilon: float, d: int, query: str, k: int | None) -> tuple[str
     """``protocols.pipeline.choose_mechanism`` (cached: it is analytic, and agents of a fleet share the answer)."""
     from protocols.pipeline import choose_mechanism as choose
 
-    ch = choose(epsilon, d, query, k)
-    if ch.name == "ksampling" and d == 1:  # k-sampling of one coordinate is its base mechanism itself
-        base = str(ch.params.get("base", "hybrid"))
-        params: dict[str, Any] = {"epsilon": float(epsilon)}
-        return base, wire.canonical_json(params).decode(), catalogue.build(base, **params)
-    return ch.name, wire.canonical_json(ch.params).decode(), ch.mechanism
+    name, params, mech = choose(epsilon, d, query, k).deployed()
+    return name, wire.canonical_json(params).decode(), mech
 
 
 def _longitudinal_protocol(stream: StreamConfig, dims: tuple[DimensionConfig, ...]) -> tuple[str, dict[str, Any], Any]:
@@ -327,9 +322,10 @@ def choose_mechanism(
             mech = catalogue.build(name, **params)
         except (ValueError, ImportError, AttributeError) as exc:
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r}: {exc}") from None
-        if kind == "vector" and getattr(mech, "d", len(dims)) != len(dims):
+        family = catalogue.entry(name).family
+        if kind == "vector" and (family not in (Family.VECTOR, Family.HAAR) or mech.d != len(dims)):
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} does not take {len(dims)}-vectors")
-        if kind == "categorical" and not hasattr(mech, "k"):
+        if kind == "categorical" and family is not Family.FREQUENCY:
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} is not a frequency oracle")
         return name, _resolved(name, params, mech), mech
     extra = set(stream.params) - {"query"}

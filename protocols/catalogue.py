@@ -161,6 +161,9 @@ class Entry:
     summary: str
     #: Report rows hold integers (None: by family — frequency and longitudinal ones do).
     integer_rows: bool | None = None
+    #: The constructor makes automatic choices (HaarRecord: mean mechanism and split; Hadamard response: its design
+    #: rows) that a stream spec states resolved — the built mechanism's ``_params()`` — so both sides build one mechanism.
+    resolves_params: bool = False
 
     @cached_property
     def cls(self) -> type:
@@ -276,8 +279,8 @@ class Entry:
 
 
 def _entry(name: str, target: str, family: Family, roles: Iterable[Role], row: Callable[[Any], tuple[int, ...]] | None,
-           summary: str, integer_rows: bool | None = None) -> Entry:
-    return Entry(name, target, family, frozenset(roles), row, summary, integer_rows)
+           summary: str, integer_rows: bool | None = None, resolves_params: bool = False) -> Entry:
+    return Entry(name, target, family, frozenset(roles), row, summary, integer_rows, resolves_params)
 
 
 _S, _KB, _HM, _HA, _HD, _A = Role.STREAM, Role.KSAMPLING_BASE, Role.HAAR_MEAN, Role.HAAR_MEAN_AUTO, Role.HAAR_DETAIL, Role.AUTO
@@ -303,9 +306,11 @@ CATALOGUE: tuple[Entry, ...] = (
     _entry("oue", "protocols.frequency:OUE", _F, (_S, _A), _k_row, "optimised unary encoding"),
     _entry("blh", "protocols.frequency:BLH", _F, (_S,), _pair_row, "binary local hashing"),
     _entry("olh", "protocols.frequency:OLH", _F, (_S, _A), _pair_row, "optimised local hashing"),
-    _entry("hr", "protocols.frequency:HadamardResponse", _F, (_S,), _scalar_row, "Hadamard response"),
+    _entry("hr", "protocols.frequency:HadamardResponse", _F, (_S,), _scalar_row, "Hadamard response",
+           resolves_params=True),
     # records in [-1, 1]^d: the memoized pipeline's Haar record mechanism (SPEC §2.4)
-    _entry("haar", "protocols.pipeline:HaarRecord", _H, (_S, _A), _haar_row, "Haar record: mean + details (§2.4)"),
+    _entry("haar", "protocols.pipeline:HaarRecord", _H, (_S, _A), _haar_row, "Haar record: mean + details (§2.4)",
+           resolves_params=True),
     # distributions of one numeric dimension on a public grid of D buckets (SPEC §3.14); params epsilon, D, …
     _entry("distribution_flat", "protocols.distribution:FlatOracle", Family.DISTRIBUTION, (_S,), _dist_row,
            "bucket + OUE/OLH over D buckets (§3.14)", True),

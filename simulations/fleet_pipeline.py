@@ -52,7 +52,7 @@ import numpy as np
 from protocols import catalogue
 from protocols.contract import clip, denormalise, normalise
 from protocols.memo_key import canonical_codes, canonical_value
-from protocols.pipeline import HaarRecord, choose_mechanism
+from protocols.pipeline import choose_mechanism
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, epoch_plan
 
 __all__ = ["MemoizedPipeline", "FleetRun", "FleetTrace"]
@@ -255,9 +255,9 @@ class MemoizedPipeline:
     Args:
         lo, hi: declared bounds per dimension (d,).
         epsilon: ε of one (new) report.
-        mechanism: ``"haar"`` (:class:`HaarRecord`), ``"auto"`` (:func:`choose_mechanism` for ``query``), a
-            registry name of a vector mechanism (``"ksampling"``, ``"duchi_md"``), or a mechanism object with
-            ``privatize``/``estimate``/``variance`` and attribute ``d``.
+        mechanism: ``"auto"`` (:func:`choose_mechanism` for ``query``, as a device's ``auto`` stream), a catalogue
+            name of a record mechanism (``"haar"`` — :class:`protocols.pipeline.HaarRecord` —, ``"ksampling"``, ``"duchi_md"``), or a
+            mechanism object with ``privatize``/``estimate``/``variance`` and attribute ``d``.
         mechanism_params: extra constructor parameters for a named mechanism (e.g. ``{"split": 0.3}``).
         window, tau, epoch_length, k_base, eta: the rounding parameters (SPEC §2.1–2.2 defaults).
         memoize: serve repeated keys from the memo table (False: every round is a new report).
@@ -290,17 +290,19 @@ class MemoizedPipeline:
         self.d = self.lo.size
         params = dict(mechanism_params or {})
         if isinstance(mechanism, str):
-            if mechanism == "haar":
-                self.mechanism = HaarRecord(epsilon, self.d, **params)
-            elif mechanism == "auto":
+            if mechanism == "auto":  # the device's ``auto`` (edge_agent.plans): the same chooser, the same winner
                 if params:
                     raise ValueError("mechanism 'auto' takes no mechanism_params")
-                self.mechanism = choose_mechanism(epsilon, self.d, query).mechanism
+                name, _, self.mechanism = choose_mechanism(epsilon, self.d, query).deployed()
             else:
+                name = mechanism
                 self.mechanism = catalogue.build(mechanism, epsilon=epsilon, d=self.d, **params)
+            # a scalar mechanism (auto's winner for d = 1) takes records of one value
+            width = 1 if catalogue.entry(name).family is catalogue.Family.NUMERIC else self.mechanism.d
         else:
             self.mechanism = mechanism
-        if getattr(self.mechanism, "d", None) != self.d:
+            width = getattr(self.mechanism, "d", None)
+        if width != self.d:
             raise ValueError(f"the mechanism must take records of {self.d} dimensions")
         self.epsilon = float(self.mechanism.epsilon)
         # validated by the rounding objects on first use; checked here for early errors

@@ -62,7 +62,7 @@ from protocols.haar import (
     haar_synthesis_matrix,
     padded_size,
 )
-from protocols.numeric import PDP, DuchiMultiDim, KSampling
+from protocols.numeric import PDP, KSampling
 from protocols.numeric._common import check_rng
 
 from ._variance import QuadraticModel, ksampling_cross, quadratic_coefficients
@@ -139,9 +139,8 @@ def _make_mean(name: str, epsilon: float) -> NumericMechanism:
 
 
 def _make_detail(name: str, epsilon: float, P: int) -> Any:
-    if name == "ksampling":
-        return KSampling(epsilon, P, base="hybrid")
-    return DuchiMultiDim(epsilon, P)
+    """The detail mechanism over the P = D - 1 detail coefficients (k-sampling with its default base, HM)."""
+    return catalogue.build(name, epsilon=epsilon, d=P)
 
 
 def _detail_cross(detail: Any) -> float:
