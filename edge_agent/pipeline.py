@@ -33,7 +33,7 @@ import numpy as np
 
 from protocols import catalogue
 from protocols.base import os_rng
-from protocols.contract import StreamSpec, clip, heavy_hitter_items, normalise
+from protocols.contract import StreamSpec, clip, heavy_hitter_items, make_body, normalise
 from protocols.errors import InvalidRecord, SpecMismatch
 from protocols.memo_key import canonical_value, memo_key
 
@@ -222,10 +222,10 @@ class Pipeline:
         # a distribution mechanism privatizes the value on the unit scale of its grid (``_mechanism_input``)
         privatize = plan.mechanism.privatize_unit if plan.distribution else plan.mechanism.privatize
 
-        def make_body() -> dict[str, Any]:
-            return {"report": codec.encode_row(plan.mechanism, np.asarray(privatize(x, self.rng))[0])}
+        def new_body() -> dict[str, Any]:
+            return make_body(codec.encode_row(plan.mechanism, np.asarray(privatize(x, self.rng))[0]))
 
-        return make_body
+        return new_body
 
     def _client(self, plan: StreamPlan) -> Any:
         """The :mod:`protocols.longitudinal` client of a longitudinal plan (cached; stateless PRR keyed by the
@@ -249,11 +249,11 @@ class Pipeline:
         first = client.report(value)
         pending = [first]
 
-        def make_body() -> dict[str, Any]:
+        def new_body() -> dict[str, Any]:
             rep = pending.pop() if pending else client.report(value)
-            return {"report": catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report)}
+            return make_body(catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report))
 
-        return str(first.memo_key), make_body
+        return str(first.memo_key), new_body
 
     def round_plan(self, name: str, mechanism: str, params: Mapping[str, Any]) -> StreamPlan:
         """Compatibility shim: the plan for stream ``name`` with a round's ``mechanism``/``params`` and the stream's
@@ -337,12 +337,12 @@ class Pipeline:
                 out.append(self._tree_report(plan, record, now))
                 continue
             if plan.longitudinal:
-                key, make_body = self._longitudinal_report(plan, record)
+                key, body_maker = self._longitudinal_report(plan, record)
                 refresh = True
             else:
                 canon, t = self._view(plan, record)
                 key = memo_key(self._secret, name, plan.spec, canon)
-                make_body = self._body_maker(plan, self._mechanism_input(plan, record, t))
+                body_maker = self._body_maker(plan, self._mechanism_input(plan, record, t))
                 refresh = False
             out.append(
                 PreparedReport(
@@ -353,7 +353,7 @@ class Pipeline:
                     epsilon=plan.charge,
                     cap=plan.cap,
                     memoize=plan.memoize,
-                    make_body=make_body,
+                    make_body=body_maker,
                     refresh=refresh,
                     delta=plan.delta,
                     unit=plan.unit,
@@ -382,7 +382,7 @@ class Pipeline:
             start = saved["start"]  # type: ignore[index]
         rep = client.report(int(record.values[plan.dimensions[0].name]))
         state = {"spec": plan.spec, "start": start, "client": client.to_state()}
-        body = {"report": catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report)}
+        body = make_body(catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report))
 
         def committed() -> None:
             self._trees[plan.name] = state

@@ -18,7 +18,7 @@ A stream's reports reduce to additive **sufficient statistics** (:class:`Statist
 the coordinator keeps them as reports arrive and estimates from them alone (:meth:`Entry.estimate`), so the cost of
 an estimate does not grow with the fleet.
 
-On the wire a device sends ``{"report": entry(name).encode_row(row)}`` for its row, which the coordinator
+On the wire a device sends ``protocols.contract.make_body(entry(name).encode_row(mech, row))`` for its row, which the coordinator
 stacks back with :meth:`Entry.decode_rows`. Longitudinal protocols report through their clients
 (``mech.client(...).report(value)``) and are estimated per round (``mech.estimate_round(rows)``).
 """
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Family", "Role", "Entry", "Statistics", "CATALOGUE", "entry", "names", "build", "mechanism_class",
-           "protocol_entry", "distribution_entry", "row_to_json"]
+           "protocol_entry", "distribution_entry", "haar_row_parts"]
 
 
 class Family(StrEnum):
@@ -209,10 +209,11 @@ class Entry:
         ``(n, *row_shape)``, integers for integer families. ValueError if they are not such rows."""
         shape = self.row_shape(mech)
         if self.family is Family.HAAR:
+            parts = [haar_row_parts(r) for r in rows]
             try:
-                means = np.asarray([r["mean"] for r in rows], dtype=float)
-                details = np.asarray([r["detail"] for r in rows], dtype=float)
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                means = np.asarray([m for m, _ in parts], dtype=float)
+                details = np.asarray([c for _, c in parts], dtype=float)
+            except (TypeError, ValueError) as exc:
                 raise ValueError(f"a haar wire row is {{'mean': y, 'detail': [z...]}}: {exc}") from None
             if means.ndim != 1 or details.shape != (means.size, shape[0] - 1):
                 raise ValueError(f"haar wire rows need 1 mean and {shape[0] - 1} detail values each")
@@ -276,6 +277,15 @@ class Entry:
             mean = stats.mean
             return np.asarray(haar_inverse(mean[0], mean[1:], mech.d), dtype=float).reshape(-1)
         return stats.mean
+
+
+def haar_row_parts(row: Any) -> tuple[Any, Any]:
+    """``(mean, detail)`` of a Haar wire row (:meth:`Entry.encode_row`); ValueError unless the row is exactly
+    ``{"mean": y, "detail": [z...]}`` — the one structural check of a Haar row (the contract's ``body_row`` and the
+    codec's ``decode_rows``)."""
+    if not isinstance(row, dict) or set(row) != {"mean", "detail"}:
+        raise ValueError("a haar report is {'mean': y, 'detail': [z...]}")
+    return row["mean"], row["detail"]
 
 
 def _entry(name: str, target: str, family: Family, roles: Iterable[Role], row: Callable[[Any], tuple[int, ...]] | None,
@@ -378,7 +388,3 @@ def distribution_entry(mech: Any) -> Entry:
             return e
     raise ValueError(f"{type(mech).__name__} is not a catalogued distribution mechanism")
 
-
-def row_to_json(row: Any) -> Any:
-    """One user's report (a row of ``privatize``'s output) as plain JSON data (the non-Haar row codec)."""
-    return np.asarray(row).tolist()

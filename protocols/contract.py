@@ -425,11 +425,10 @@ def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
         raise ValueError(f"body must be {{{BODY_KEY!r}: row}}")
     row = body[BODY_KEY]
     if spec.kind == "haar":
-        if not isinstance(row, dict) or set(row) != {"mean", "detail"}:
-            raise ValueError("a haar report is {'mean': y, 'detail': [z...]}")
-        _check_row(row["mean"], 1)
-        _check_row(row["detail"], _padded(len(spec.dims)) - 1)
-        if not isinstance(row["detail"], list):
+        mean, detail = catalogue.haar_row_parts(row)
+        _check_row(mean, 1)
+        _check_row(detail, _padded(len(spec.dims)) - 1)
+        if not isinstance(detail, list):
             raise ValueError("a haar report's detail is a list")
     elif spec.kind == "numeric":
         _check_row(row, None)
