@@ -43,7 +43,7 @@ from .readings import Record, check_value
 from .rounding_state import DimensionRounding
 from .round_contract import RoundPlans, plan_for_spec, spec_text
 
-__all__ = ["Pipeline", "PreparedReport", "memo_key"]
+__all__ = ["Pipeline", "PreparedReport"]
 
 
 @dataclass(frozen=True)
@@ -254,22 +254,6 @@ class Pipeline:
             return make_body(catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report))
 
         return str(first.memo_key), new_body
-
-    def round_plan(self, name: str, mechanism: str, params: Mapping[str, Any]) -> StreamPlan:
-        """Compatibility shim: the plan for stream ``name`` with a round's ``mechanism``/``params`` and the stream's
-        own dims and bounds (see :meth:`plan_for` for the full StreamSpec check). ValueError if refused."""
-        base = self.streams[name]
-        data: dict[str, Any] = {k: v for k, v in base.stream_spec().items() if k not in ("mechanism", "params")}
-        data.update(mechanism=mechanism, params=dict(params))
-        if mechanism == "haar":
-            data["kind"] = "haar"
-        elif data["kind"] == "haar":
-            data["kind"] = "vector" if len(base.dimensions) > 1 else "numeric"
-        try:
-            spec = StreamSpec.model_validate(data)
-        except ValueError as exc:
-            raise SpecMismatch("malformed", str(exc)) from None
-        return self.plan_for(name, spec)
 
     def plan_for(self, name: str, spec: StreamSpec | Mapping[str, Any]) -> StreamPlan:
         """The plan for stream ``name`` following a round's StreamSpec (:func:`plan_for_spec`; cached)."""

@@ -430,31 +430,6 @@ class State:
 
     # --- the report transaction ---------------------------------------------------------------------------
 
-    def commit_report(
-        self,
-        *,
-        total_cap: float,
-        renewal_period_s: float | None,
-        max_pending: int,
-        counters: dict[str, int] | None = None,
-        now: float | None = None,
-        delta_cap: float | None = None,
-        **request: Any,
-    ) -> Commit:
-        """One report in its own transaction (see :meth:`commit_reports`); raises :class:`Refused`."""
-        (result,) = self.commit_reports(
-            [ReportRequest(**request)],
-            total_cap=total_cap,
-            renewal_period_s=renewal_period_s,
-            max_pending=max_pending,
-            counters=counters,
-            now=now,
-            delta_cap=delta_cap,
-        )
-        if isinstance(result, Refused):
-            raise result
-        return result
-
     def commit_reports(
         self,
         requests: list["ReportRequest"],

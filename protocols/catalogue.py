@@ -284,7 +284,7 @@ def haar_row_parts(row: Any) -> tuple[Any, Any]:
     ``{"mean": y, "detail": [z...]}`` — the one structural check of a Haar row (the contract's ``body_row`` and the
     codec's ``decode_rows``)."""
     if not isinstance(row, dict) or set(row) != {"mean", "detail"}:
-        raise ValueError("a haar report is {'mean': y, 'detail': [z...]}")
+        raise ValueError("a haar wire row is {'mean': y, 'detail': [z...]}")
     return row["mean"], row["detail"]
 
 

@@ -58,8 +58,8 @@ def test_caps_refuse_and_write_nothing(tmp_path):
         (hit,) = _commit(st, [_req(key="0", cap=2.5)])  # a memo hit costs nothing: still allowed
         assert hit.memo_hit and hit.charged == 0
         assert st.counters()["refused_stream_cap"] == 2 and st.counters()["refused_total_cap"] == 1
-        with pytest.raises(Refused, match="stream_cap"):
-            st.commit_report(total_cap=100, renewal_period_s=None, max_pending=10, **vars(_req(key="9", cap=2.5)))
+        (r,) = _commit(st, [_req(key="9", cap=2.5)], total=100, max_pending=10)
+        assert isinstance(r, Refused) and r.reason == "stream_cap"
         assert st.check_invariants()["ok"]
 
 
