@@ -11,8 +11,9 @@ a reading's numeric dimensions at once — the same functions the fleet simulato
 
 :meth:`Pipeline.prepare` then turns a record into one :class:`PreparedReport` per stream. A stream is one dimension
 or a *group* of numeric dimensions privatized together by one vector mechanism (``ksampling``, ``duchi_md``, or
-``haar`` — :class:`protocols.pipeline.HaarRecord`, the memoized pipeline's record mechanism). The memo key is
-``HMAC-SHA256(hmac_secret, canonical_json([stream, spec, canonical rounded values]))`` in hex, where ``spec`` is the
+``haar`` — :class:`protocols.pipeline.HaarRecord`, the memoized pipeline's record mechanism). The memo key
+(:func:`protocols.memo_key.record_key`) is ``HMAC-SHA256(hmac_secret, "haarvest-memo-v1\\n" ‖
+canonical_json([stream, spec, canonical rounded values]))`` in hex, where ``spec`` is the
 canonical JSON of the mechanism name and parameters (so changing ε or the mechanism starts a new memo) and a
 rounded value's canonical form is its integer grid index and step. Only memo keys and noisy report bodies are
 stored — never raw readings.
@@ -23,8 +24,6 @@ or refused by :mod:`edge_agent.round_contract`.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +34,7 @@ from protocols import catalogue
 from protocols.base import os_rng
 from protocols.contract import StreamSpec, clip, heavy_hitter_items, make_body, normalise
 from protocols.errors import InvalidRecord, SpecMismatch
-from protocols.memo_key import canonical_value, memo_key
+from protocols.memo_key import canonical_value, device_seed, record_key
 
 from .config import AgentConfig
 from .plans import StreamPlan, build_stream_plan
@@ -236,8 +235,7 @@ class Pipeline:
             kwargs: dict[str, Any] = {"secret": self._secret, "stream": plan.name, "memo_style": "stateless",
                                       "rng": os_rng()}
             if getattr(plan.mechanism, "device_parameter", None) == "seed":
-                digest = hmac.new(self._secret, b"haarvest-loloha-seed\n" + plan.name.encode(), hashlib.sha256).digest()
-                kwargs["seed"] = int.from_bytes(digest[:8], "big") >> 2  # in [0, 2^62)
+                kwargs["seed"] = device_seed(self._secret, plan.name)
             client = plan.mechanism.client(**kwargs)
             self._clients[key] = client
         return client
@@ -325,7 +323,7 @@ class Pipeline:
                 refresh = True
             else:
                 canon, t = self._view(plan, record)
-                key = memo_key(self._secret, name, plan.spec, canon)
+                key = record_key(self._secret, name, plan.spec, canon)
                 body_maker = self._body_maker(plan, self._mechanism_input(plan, record, t))
                 refresh = False
             out.append(

@@ -5,7 +5,7 @@ dimension) run the :mod:`protocols.longitudinal` client: the memo key is the *pr
 memo slot (the value; LOLOHA's hashed value), keyed by the device HMAC secret; the permanent randomized response is
 derived from the same secret (stateless PRR, RAPPOR's pattern), a new key is charged ε∞ and every report — memo hit
 or not — is a *fresh* instantaneous randomized response (ε1 per report). LOLOHA's hash seed is derived from the
-secret (``HMAC(secret, "haarvest-loloha-seed" ‖ stream)``), so it is fixed for the device's life.
+secret (:func:`protocols.memo_key.device_seed`), so it is fixed for the device's life.
 
 **Distribution streams** (SPEC §3.14): one numeric dimension with ``mechanism`` a distribution catalogue name
 (``distribution_flat``, ``distribution_hierarchical``, ``distribution_haar``, ``distribution_square_wave``) or

@@ -17,7 +17,7 @@ ones (the equivalence test below checks that they agree bit for bit):
 5. normalise (:func:`protocols.contract.normalise`);
 6. memoized report: the memo key is built from the canonical values of :func:`protocols.memo_key.canonical_value`
    — ``["g", m, grid index]`` for a rounded dimension, ``["x", clipped value]`` otherwise — which a device HMACs
-   (:func:`protocols.memo_key.memo_key`) and the simulator compares as integer rows
+   (:func:`protocols.memo_key.record_key`) and the simulator compares as integer rows
    (:func:`protocols.memo_key.canonical_codes`). A key the device has seen before returns its stored report and
    costs 0; a new key costs ε (the mechanism's ε) — the ledger of the ``value`` privacy unit; ``memoize=False`` is
    the ``device`` unit (every report charged).
@@ -209,7 +209,7 @@ class FleetTrace:
     def canonical(self, device: int, round_index: int) -> list[list[Any]]:
         """Device ``device``'s canonical memo-key values in round ``round_index``
         (:func:`protocols.memo_key.canonical_value`, one per dimension): a device's memo key is
-        ``memo_key(secret, stream, spec, canonical(...))``."""
+        ``record_key(secret, stream, spec, canonical(...))``."""
         at = (device, round_index)
         return [canonical_value(exponent=int(m), grid_index=int(i)) if r else canonical_value(float(v))
                 for v, r, m, i in zip(self.values[at], self.rounded[at], self.exponents[at], self.grid_index[at])]

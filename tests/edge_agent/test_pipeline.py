@@ -11,7 +11,7 @@ from edge_agent.agent import Agent
 from edge_agent.config import ConfigError, Secrets
 from edge_agent.embed import categorical, new_identity, numeric, simple_config
 from edge_agent.pipeline import Pipeline
-from protocols.memo_key import memo_key
+from protocols.memo_key import record_key as memo_key
 from protocols.errors import InvalidRecord
 from edge_agent.sources import CallableSource, IterableSource
 from protocols import catalogue, wire

@@ -21,7 +21,7 @@ from edge_agent.plans import stream_specs
 from edge_agent.sources import CallableSource
 from protocols import wire
 from protocols.longitudinal import LOLOHA
-from protocols.longitudinal import memo_key as protocol_memo_key
+from protocols.memo_key import slot_key as protocol_memo_key
 from protocols.longitudinal.memo import encode_value
 from protocols.pipeline import HaarRecord, choose_mechanism
 
