@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocols import catalogue, wire
+from protocols.accounting import report_charge
 from protocols.catalogue import Family, Role
 from protocols.contract import HeavyHitterSpec, StreamSpec
 from protocols.errors import ConfigError
@@ -78,21 +79,9 @@ class StreamPlan:
 
     @property
     def charge(self) -> float:
-        """ε the ledger charges for one report of this plan.
-
-        ``value`` unit: ε (ε∞ for longitudinal chains) per *new* memo entry, 0 for a memo hit.
-        ``device`` unit: every report is charged, and the charge bounds the report's contribution to the
-        whole-transcript log-likelihood ratio against any other readings: a fresh mechanism's ε (sequential
-        composition over independent randomizations); for a longitudinal chain the IRR's ε for an arbitrary change
-        of its input (``irr_input_epsilon``): the PRR table is drawn independently of the data, so conditioned on
-        it the reports are independent IRRs and each one changes the ratio by at most that factor
-        (:mod:`protocols.longitudinal.base`, bound 2).
-        """
-        if self.change_bounded:  # the most one tree can charge (per report: CategoricalDDRM.step_charge)
-            return float(self.mechanism.device_epsilon(self.mechanism.horizon))
-        if self.unit == "device" and self.longitudinal:
-            return float(self.mechanism.irr_input_epsilon)
-        return float(self.epsilon)
+        """ε the ledger charges for one report of this plan under its privacy unit (value unit: per new memo entry):
+        :func:`protocols.accounting.report_charge`."""
+        return report_charge(self.mechanism_name, self.mechanism, self.epsilon, self.unit)
 
     @property
     def change_bounded(self) -> bool:
