@@ -90,7 +90,8 @@ class Pipeline:
             s.name: build_stream_plan(config, s) for s in config.effective_streams()
         }
         #: the device's noise source: ONE generator seeded from OS entropy when the pipeline is built (never a fixed
-        #: seed), drawn from by every privatization and α-offset draw (a fresh OS-seeded generator costs ~60 µs)
+        #: seed), drawn from by every privatization and α-offset draw (seeding a generator from the OS costs far more
+        #: than a draw, so it is not done per report)
         self.rng = os_rng()
         rounding_state = rounding_state or {}
         self._rounding: dict[str, DimensionRounding] = {

@@ -25,9 +25,8 @@ ones (the equivalence test below checks that they agree bit for bit):
 What this module adds is only the driving: every device at once, and the fleet's estimates. The equivalence test,
 tests/simulations/test_fleet_pipeline_equivalence.py, drives real agents (:class:`edge_agent.Agent`) and this simulator on
 the same readings and offsets and pins them together: per device and round the same rounded and normalised values,
-canonical values (and memo keys), memo hits and charges. (One known difference, kept there as a strict xfail: a
-reading of -0.0 on an unrounded dimension — the device keys it apart from 0.0, while
-:func:`protocols.memo_key.canonical_value` and this simulator do not.)
+canonical values (and memo keys), memo hits and charges — a reading of -0.0 included: it is one value with 0.0
+(:func:`protocols.memo_key.canonical_value`), on the device as here.
 
 **Vectorisation.** The rounding objects are used as-is on the fleet flattened to n·d "dimensions" (devices are
 synchronised on rounds, so one object holds every device's windows, plans and offsets; a dimension's volatility
