@@ -24,8 +24,9 @@ different m nest (every point of the coarser grid is a point of the finer one). 
 epoch boundaries (:class:`EpochSteps`).
 
 **The device's order** (per reading, after clipping): update the window, take the epoch plan (:func:`epoch_plan`:
-none until the first window is full), round the volatile dimensions (:meth:`AlphaRounder.round_in_bounds`). The edge
-agent (:mod:`edge_agent.rounding_state`) and the fleet simulator (:mod:`simulations.fleet_pipeline`) both call these.
+none until the first window is full), round the volatile dimensions (:meth:`AlphaRounder.round_in_bounds`) —
+:func:`round_reading`, which the edge agent (:mod:`edge_agent.rounding_state`, per dimension) and the fleet simulator
+(:mod:`simulations.fleet_pipeline`, a fleet at once) both call.
 
 Rounded values lie in [lo, hi + step): when step does not divide hi - lo the top cell reaches past hi, and
 clipping the output back to the bounds (normalisation, SPEC §2.3) biases values in that last cell only.
@@ -50,6 +51,8 @@ __all__ = [
     "EpochSteps",
     "EpochPlan",
     "epoch_plan",
+    "RoundedReading",
+    "round_reading",
 ]
 
 
@@ -389,3 +392,53 @@ def epoch_plan(epochs: EpochSteps, detector: VolatilityDetector, index: int) -> 
         return epochs.plan(index, detector.scores)
     except ValueError:
         return epochs.current
+
+
+@dataclass(frozen=True)
+class RoundedReading:
+    """What the device's rounding steps make of one reading (:func:`round_reading`; arrays over its dimensions).
+
+    Attributes:
+        plan: the epoch plan the reading was rounded with (None while the first window fills).
+        values: the rounded value ``min(lo + i·step, hi)`` where ``rounded``, else the (clipped) reading.
+        rounded: True where the dimension was α-rounded.
+        exponents: the step exponent m of a rounded dimension (step ``(hi-lo)/K_base·2^m``), 0 elsewhere.
+        grid_index: the grid index i of a rounded dimension, 0 elsewhere.
+    """
+
+    plan: EpochPlan | None
+    values: np.ndarray
+    rounded: np.ndarray
+    exponents: np.ndarray
+    grid_index: np.ndarray
+
+
+def round_reading(detector: VolatilityDetector, epochs: EpochSteps, rounder: AlphaRounder, index: int, x: Any, *,
+                  base_grid: bool = False) -> RoundedReading:
+    """The device's rounding steps (SPEC §2.1–2.2) for reading number ``index`` with (clipped) values ``x``, one per
+    dimension of the three objects: update the window, take the epoch plan (:func:`epoch_plan`; none until the first
+    window is full), α-round the volatile dimensions with the plan's steps
+    (:meth:`AlphaRounder.round_in_bounds`); the others keep their value. The one implementation of the edge agent
+    (:class:`edge_agent.rounding_state.DimensionRounding`, one dimension) and of the fleet simulator
+    (:mod:`simulations.fleet_pipeline`, a fleet's n·d dimensions at once).
+
+    ``base_grid`` (an ablation of the fleet simulator, not in the SPEC): static dimensions — and every dimension
+    before the first plan — are α-rounded on the base grid ``(hi - lo)/K_base`` too.
+    """
+    x = np.asarray(x, dtype=float).reshape(-1)
+    detector.update(x)
+    plan = epoch_plan(epochs, detector, index)
+    zeros = np.zeros(x.size, dtype=np.int64)
+    if plan is None and not base_grid:
+        return RoundedReading(None, x, np.zeros(x.size, dtype=bool), zeros, zeros)
+    base_step = _grid_step(epochs.lo, epochs.hi, 0, epochs.k_base)
+    if plan is None:  # base_grid during warm-up: every dimension on the base grid
+        volatile, steps, exponents = np.zeros(x.size, dtype=bool), base_step, zeros
+    else:
+        volatile = plan.volatile
+        steps = np.where(volatile, plan.steps, base_step)
+        exponents = np.where(volatile, plan.exponents, 0)
+    rounded = volatile | base_grid
+    grid_index, value = rounder.round_in_bounds(x, steps)
+    return RoundedReading(plan, np.where(rounded, value, x), rounded, np.where(rounded, exponents, 0),
+                          np.where(rounded, grid_index, 0))

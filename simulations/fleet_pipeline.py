@@ -3,7 +3,8 @@
 It is not a second pipeline. The steps that decide what a device reports and what it is charged are defined once,
 in the mechanism library, and the edge agent — ``edge_agent/pipeline.py`` (clip, normalise, memo key, privatize)
 and ``edge_agent/rounding_state.py`` (one dimension's window, epoch plans and life-long offset) — calls the same
-ones (the equivalence test below checks that they agree bit for bit):
+ones — steps 2–4 are :func:`protocols.rounding.round_reading`, which a device calls per dimension and this module
+calls for the whole fleet (the equivalence test below checks that they agree bit for bit):
 
 1. clip x to [lo, hi] (:func:`protocols.contract.clip`; a documented bias, never an error);
 2. volatility window of the last W + 1 values per dimension (:class:`protocols.rounding.VolatilityDetector`);
@@ -52,7 +53,7 @@ from protocols import catalogue
 from protocols.contract import clip, denormalise, normalise
 from protocols.memo_key import canonical_codes, canonical_value
 from protocols.pipeline import choose_mechanism
-from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, epoch_plan
+from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, round_reading
 
 __all__ = ["MemoizedPipeline", "FleetRun", "FleetTrace"]
 
@@ -215,8 +216,9 @@ class FleetTrace:
 
 
 class _FleetSteps:
-    """The device's per-reading steps (module docstring, 2–4) for a whole fleet at once: the shared rounding objects
-    on the fleet flattened to n·d dimensions, one reading per device and call."""
+    """The device's per-reading steps (module docstring, 2–4) for a whole fleet at once: the device's own
+    :func:`protocols.rounding.round_reading` on the fleet flattened to n·d dimensions, one reading per device and
+    call."""
 
     def __init__(self, pipe: MemoizedPipeline, n: int, u: np.ndarray) -> None:
         self.lo, self.hi = np.tile(pipe.lo, n), np.tile(pipe.hi, n)
@@ -224,28 +226,17 @@ class _FleetSteps:
         self.epochs = EpochSteps(self.lo, self.hi, epoch_length=pipe.epoch_length, k_base=pipe.k_base,
                                  eta=pipe.eta, tau=pipe.tau)
         self.rounder = AlphaRounder(self.lo, self.hi, u.reshape(-1))  # validates u ∈ [0, 1)
-        self.base_step = (self.hi - self.lo) / pipe.k_base
-        self.rounding, self.static = pipe.rounding, pipe.static
+        self.rounding, self.base_grid = pipe.rounding, pipe.static == "base_grid"
         self.index = 0  # the reading's number: devices are synchronised on readings
 
     def observe(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One clipped reading per device (n·d,) → (value, rounded?, step exponent, grid index), each (n·d,)."""
-        self.detector.update(row)
-        plan = epoch_plan(self.epochs, self.detector, self.index)
+        out = round_reading(self.detector, self.epochs, self.rounder, self.index, row, base_grid=self.base_grid)
         self.index += 1
-        zeros = np.zeros(row.size, dtype=np.int64)
-        if not self.rounding or (plan is None and self.static == "raw"):
+        if not self.rounding:  # the no-rounding ablation: every dimension keeps its value
+            zeros = np.zeros(row.size, dtype=np.int64)
             return row, np.zeros(row.size, dtype=bool), zeros, zeros
-        if plan is None:  # static == "base_grid" during warm-up: every dimension on the base grid
-            volatile, steps, exponents = np.zeros(row.size, dtype=bool), self.base_step, zeros
-        else:
-            volatile = plan.volatile
-            steps = np.where(volatile, plan.steps, self.base_step)
-            exponents = np.where(volatile, plan.exponents, 0)
-        rounded = volatile | (self.static == "base_grid")
-        grid_index, value = self.rounder.round_in_bounds(row, steps)
-        return (np.where(rounded, value, row), rounded, np.where(rounded, exponents, 0),
-                np.where(rounded, grid_index, 0))
+        return out.values, out.rounded, out.exponents, out.grid_index
 
 
 class MemoizedPipeline:
