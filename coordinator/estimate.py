@@ -57,13 +57,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from operator import itemgetter
 from typing import Any, Literal
 
 import numpy as np
 
 from coordinator.decode import DecodedReports, StreamDecoder
-from protocols.contract import BODY_KEY, HeavyHitterSpec, StreamSpec, denormalise, parse_round_params
+from protocols.contract import HeavyHitterSpec, StreamSpec, denormalise, parse_round_params
 from coordinator.store import Store
 from protocols import wire
 from protocols.base import confidence_interval
@@ -71,7 +70,7 @@ from protocols.catalogue import Family, Statistics
 from protocols.frequency.postprocess import project_simplex
 from protocols.heavy_hitters import select_prefixes
 
-__all__ = ["StreamEstimate", "estimate_stream", "estimate_statistics", "estimate_round", "parse_bodies",
+__all__ = ["StreamEstimate", "estimate_stream", "estimate_statistics", "estimate_round",
            "statistics_from_bodies"]
 
 VarianceBasis = Literal["plugin", "worst"]
@@ -118,13 +117,6 @@ class StreamEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def parse_bodies(bodies: list[str]) -> list[Any]:
-    """Stored body JSON texts → the list of report rows (one ``json.loads`` for the whole batch). The estimator
-    itself stacks bodies straight into an array (:meth:`coordinator.decode.StreamDecoder.from_bodies`)."""
-    parsed = json.loads("[" + ",".join(bodies) + "]")
-    return list(map(itemgetter(BODY_KEY), parsed))
 
 
 def _numeric_variance(mech: Any, t_hat: np.ndarray, basis: VarianceBasis) -> np.ndarray:

@@ -195,15 +195,6 @@ class IngestWorker:
         run.link.close()
         self.metrics.connected = False
 
-    def abort(self) -> None:
-        """Kill the receiver without acknowledging anything in flight (tests: simulate a crash)."""
-        run = self._run
-        if run is not None:
-            run.stopping.set()
-            run.abandon.set()
-            run.link.proc.kill()
-        self.stop(drain=False)
-
     def publish(self, topic: str, payload: bytes, retain: bool = False, qos: int = 1, timeout: float = 10.0) -> None:
         """Publish through the receiver's connection; waits for the PUBACK (at most ``timeout``)."""
         request = next(self._request_ids)

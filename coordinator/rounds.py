@@ -30,7 +30,7 @@ from coordinator.estimate import StreamEstimate, select_heavy_hitters
 from protocols.contract import HeavyHitterSpec, RoundParams, StreamSpec, parse_round_params
 from coordinator.store import Store
 from protocols import wire
-from protocols.rounding import quantise_step
+from protocols.rounding import quantise_step, quantised_step
 
 __all__ = ["RoundManager", "check_round_params", "plan_rounding_steps", "plan_heavy_hitters",
            "heavy_hitters_from_estimate"]
@@ -175,8 +175,10 @@ def plan_rounding_steps(means: Sequence[Sequence[float]], stderrs: Sequence[Sequ
         score_j = mean_r max(0, |x̄_{r,j} - x̄_{r-1,j}| - sqrt(s_{r,j}² + s_{r-1,j}²)) / (hi_j - lo_j),
 
     (subtracting the difference's standard error so estimation noise alone does not look volatile), and
-    ``step_j = (hi_j - lo_j) · max(1/K_base, score_j/η)``, capped at ``max_fraction·(hi_j - lo_j)`` and quantised
-    with :func:`protocols.rounding.quantise_step`. Fewer than two rounds: the finest step ``(hi - lo)/K_base``.
+    ``step_j = (hi_j - lo_j) · max(1/K_base, score_j/η)`` quantised up to the nested grid
+    (:func:`protocols.rounding.quantised_step`, the device's rule for its epochs), capped at
+    ``max_fraction·(hi_j - lo_j)`` quantised (:func:`protocols.rounding.quantise_step`; quantising is monotone, so
+    the cap commutes with it). Fewer than two rounds: the finest step ``(hi - lo)/K_base``.
     Uses only published aggregates (post-processing).
     """
     lo_a, hi_a = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
@@ -192,9 +194,8 @@ def plan_rounding_steps(means: Sequence[Sequence[float]], stderrs: Sequence[Sequ
         score = np.maximum(diffs, 0.0).mean(axis=0) / width
     else:
         score = np.zeros_like(width)
-    step = width * np.maximum(1.0 / k_base, score / eta)
-    step = np.minimum(step, max_fraction * width)
-    return quantise_step(step, lo_a, hi_a, k_base)
+    return np.minimum(quantised_step(lo_a, hi_a, score, k_base, eta),
+                      quantise_step(max_fraction * width, lo_a, hi_a, k_base))
 
 
 def heavy_hitters_from_estimate(spec: HeavyHitterSpec, est: StreamEstimate, z: float = 3.0,

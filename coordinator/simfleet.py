@@ -58,9 +58,11 @@ class SimFleet:
         """What ``haarvest agent enroll`` prints, for every device."""
         return [{"device_id": d.device_id, "public_key": d.public_key} for d in self.devices]
 
-    def reports(self, round_id: str, stream: str, mechanism: str, rows: Any) -> list[tuple[str, bytes]]:
-        """One signed report per device; ``rows[i]`` is device i's privatized row (``body = {"report": row}``)."""
+    def reports(self, round_id: str, stream: str, mechanism: str, rows: Any, mech: Any) -> list[tuple[str, bytes]]:
+        """One signed report per device; ``rows[i]`` is device i's privatized row of the built mechanism ``mech``
+        (``catalogue.build(mechanism, …)``), sent as a device sends it: ``make_body(entry.encode_row(mech, row))``."""
         if len(rows) != len(self.devices):
             raise ValueError(f"need one row per device ({len(self.devices)}), got {len(rows)}")
-        return [d.report(round_id, stream, mechanism, make_body(catalogue.row_to_json(r)))
+        codec = catalogue.entry(mechanism)
+        return [d.report(round_id, stream, mechanism, make_body(codec.encode_row(mech, r)))
                 for d, r in zip(self.devices, rows)]

@@ -62,17 +62,13 @@ from protocols import wire
 from protocols.catalogue import Statistics
 from protocols.errors import RejectReason
 
-__all__ = ["Validator", "REASONS", "DUPLICATE", "AUTHENTIC_REJECTIONS", "per_device_counters"]
+__all__ = ["Validator", "DUPLICATE", "AUTHENTIC_REJECTIONS", "per_device_counters"]
 
 log = logging.getLogger(__name__)
 
 DUPLICATE = RejectReason.DUPLICATE
-#: a validly signed report whose seq the device already used (with other content) or that lies below its
-#: high-water mark: the device restarted its sequence — a reset, restored or older ledger (edge_agent.ledger_guard)
-SEQ_REGRESSION = RejectReason.SEQ_REGRESSION
 #: seq and boot are stored as signed 64-bit integers.
 MAX_COUNTER = 2**63 - 1
-REASONS = tuple(RejectReason)  # the one list of reason codes: protocols.errors
 
 #: rejections of a report whose signature verified: its receipt names the seq, and the device stops re-sending it
 AUTHENTIC_REJECTIONS = (RejectReason.UNKNOWN_ROUND, RejectReason.ROUND_CLOSED, RejectReason.OFF_CONTRACT,
@@ -446,10 +442,10 @@ class Validator:
             if stored is not None:
                 if stored == report.sig:
                     raise wire.WireError(DUPLICATE, f"{report.device_id} seq {report.seq}")
-                raise wire.WireError(SEQ_REGRESSION, f"{report.device_id} seq {report.seq} already used",
+                raise wire.WireError(RejectReason.SEQ_REGRESSION, f"{report.device_id} seq {report.seq} already used",
                                      device_id=report.device_id)
             if self.replay_window is not None and report.seq <= hwm - self.replay_window:
-                raise wire.WireError(SEQ_REGRESSION, f"{report.device_id} seq {report.seq} <= high-water mark {hwm}",
+                raise wire.WireError(RejectReason.SEQ_REGRESSION, f"{report.device_id} seq {report.seq} <= high-water mark {hwm}",
                                      device_id=report.device_id)
         if (report.device_id, report.stream) in self._reported.get(report.round_id, ()):
             raise wire.WireError("already_reported", f"{report.device_id} in {report.round_id}/{report.stream}")

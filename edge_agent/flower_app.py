@@ -153,7 +153,8 @@ class _OpenAgents:
     reattached on the next use. Rounds visit every device in the same order, so least-recently-used eviction would
     miss on every access once the fleet outgrows the capacity; keeping the first ``capacity`` open hits on that
     many. ``capacity`` is the smaller of the descriptor budget (3 descriptors per open database) and ``max_open``
-    (a memory bound: an open connection holds ~0.25 MB of SQLite page cache, schema and prepared statements).
+    (a memory bound: an open connection holds its SQLite page cache, schema and prepared statements;
+    :data:`simulations.flower_sim.OPEN_DEVICE_BYTES` is the budget per open device).
     """
 
     def __init__(self) -> None:

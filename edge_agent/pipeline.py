@@ -6,10 +6,14 @@ For one reading (a mapping field → value) :meth:`Pipeline.observe` returns a :
 3. **volatility** and 4. **adaptive α-point rounding** (:mod:`edge_agent.rounding_state`);
 5. **Normalise** to ``t = 2(x − lo)/(hi − lo) − 1 ∈ [−1, 1]``.
 
+Clipping and normalisation are :func:`protocols.contract.clip` and :func:`protocols.contract.normalise`, applied to
+a reading's numeric dimensions at once — the same functions the fleet simulator applies to a whole fleet.
+
 :meth:`Pipeline.prepare` then turns a record into one :class:`PreparedReport` per stream. A stream is one dimension
 or a *group* of numeric dimensions privatized together by one vector mechanism (``ksampling``, ``duchi_md``, or
-``haar`` — :class:`protocols.pipeline.HaarRecord`, the memoized pipeline's record mechanism). The memo key is
-``HMAC-SHA256(hmac_secret, canonical_json([stream, spec, canonical rounded values]))`` in hex, where ``spec`` is the
+``haar`` — :class:`protocols.pipeline.HaarRecord`, the memoized pipeline's record mechanism). The memo key
+(:func:`protocols.memo_key.record_key`) is ``HMAC-SHA256(hmac_secret, "haarvest-memo-v1\\n" ‖
+canonical_json([stream, spec, canonical rounded values]))`` in hex, where ``spec`` is the
 canonical JSON of the mechanism name and parameters (so changing ε or the mechanism starts a new memo) and a
 rounded value's canonical form is its integer grid index and step. Only memo keys and noisy report bodies are
 stored — never raw readings.
@@ -20,8 +24,6 @@ or refused by :mod:`edge_agent.round_contract`.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +32,9 @@ import numpy as np
 
 from protocols import catalogue
 from protocols.base import os_rng
-from protocols.contract import StreamSpec, heavy_hitter_items
+from protocols.contract import StreamSpec, clip, heavy_hitter_items, make_body, normalise
 from protocols.errors import InvalidRecord, SpecMismatch
-from protocols.memo_key import canonical_value, memo_key
+from protocols.memo_key import canonical_value, device_seed, record_key
 
 from .config import AgentConfig
 from .plans import StreamPlan, build_stream_plan
@@ -40,7 +42,7 @@ from .readings import Record, check_value
 from .rounding_state import DimensionRounding
 from .round_contract import RoundPlans, plan_for_spec, spec_text
 
-__all__ = ["Pipeline", "PreparedReport", "memo_key"]
+__all__ = ["Pipeline", "PreparedReport"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,8 @@ class Pipeline:
             s.name: build_stream_plan(config, s) for s in config.effective_streams()
         }
         #: the device's noise source: ONE generator seeded from OS entropy when the pipeline is built (never a fixed
-        #: seed), drawn from by every privatization and α-offset draw (a fresh OS-seeded generator costs ~60 µs)
+        #: seed), drawn from by every privatization and α-offset draw (seeding a generator from the OS costs far more
+        #: than a draw, so it is not done per report)
         self.rng = os_rng()
         rounding_state = rounding_state or {}
         self._rounding: dict[str, DimensionRounding] = {
@@ -97,6 +100,10 @@ class Pipeline:
             if d.kind == "numeric" and d.rounding.enabled
         }
         self.clipped_total: dict[str, int] = {d.name: 0 for d in self.dimensions if d.kind == "numeric"}
+        #: the numeric dimensions and their bounds, clipped and normalised together once per reading
+        self._numeric = [d for d in self.dimensions if d.kind == "numeric"]
+        self._lo = np.array([float(d.lo) for d in self._numeric])  # type: ignore[arg-type]
+        self._hi = np.array([float(d.hi) for d in self._numeric])  # type: ignore[arg-type]
         self._round_plans: dict[tuple[str, str], StreamPlan] = {}
         self._last_spec: dict[str, tuple[StreamSpec, StreamPlan]] = {}
         self._clients: dict[tuple[str, str], Any] = {}
@@ -128,18 +135,20 @@ class Pipeline:
         exact: dict[str, float] = {}
         clipped: list[str] = []
         rounded: list[str] = []
-        for d in self.dimensions:
-            v = raw[d.name]
-            if d.kind == "categorical":
-                values[d.name] = int(v)
-                canonical[d.name] = ["c", int(v)]
-                continue
-            lo, hi = float(d.lo), float(d.hi)  # type: ignore[arg-type]
-            x = min(max(float(v), lo), hi)
-            if x != v:
+        numeric = self._numeric
+        xs = clip([raw[d.name] for d in numeric], self._lo, self._hi).tolist() if numeric else []
+        for d, x in zip(numeric, xs):
+            if x != raw[d.name]:
                 clipped.append(d.name)
                 self.clipped_total[d.name] += 1
             exact[d.name] = x
+        for d in self.dimensions:
+            if d.kind == "categorical":
+                v = int(raw[d.name])
+                values[d.name] = v
+                canonical[d.name] = ["c", v]
+                continue
+            x = exact[d.name]
             rnd = self._rounding.get(d.name)
             if rnd is not None:
                 x, canon, was_rounded = rnd.observe(x)
@@ -149,7 +158,9 @@ class Pipeline:
                 canon = canonical_value(x)
             values[d.name] = x
             canonical[d.name] = canon
-            normalised[d.name] = min(1.0, max(-1.0, 2.0 * (x - lo) / (hi - lo) - 1.0))
+        ts = normalise([values[d.name] for d in numeric], self._lo, self._hi).tolist() if numeric else []
+        for d, t in zip(numeric, ts):
+            normalised[d.name] = t
         return Record(values, normalised, canonical, tuple(clipped), tuple(rounded), exact)
 
     # --- prepare ------------------------------------------------------------------------------------------
@@ -169,6 +180,8 @@ class Pipeline:
         t = [record.normalised[d.name] for d in plan.dimensions]
         if plan.rounding is None:
             return canon, t
+        redone: list[int] = []
+        ys: list[float] = []
         for j, (d, step) in enumerate(zip(plan.dimensions, plan.rounding)):
             x = record.exact.get(d.name)
             if x is None:
@@ -178,8 +191,13 @@ class Pipeline:
                 y, canon[j] = x, canonical_value(x)
             else:
                 y, canon[j] = rnd.round_with(x, step)
-            lo, hi = float(d.lo), float(d.hi)  # type: ignore[arg-type]
-            t[j] = min(1.0, max(-1.0, 2.0 * (y - lo) / (hi - lo) - 1.0))
+            redone.append(j)
+            ys.append(y)
+        if redone:
+            dims = [plan.dimensions[j] for j in redone]
+            ts = normalise(ys, [float(d.lo) for d in dims], [float(d.hi) for d in dims]).tolist()  # type: ignore[arg-type]
+            for j, tj in zip(redone, ts):
+                t[j] = tj
         return canon, t
 
     @staticmethod
@@ -195,18 +213,19 @@ class Pipeline:
             return np.asarray([value], dtype=np.int64)
         if plan.distribution:  # the clipped (α-rounded) value on the unit scale of the public grid
             return plan.grid().unit([record.values[plan.dimensions[0].name]])
-        # vector mechanisms (they have ``d``: k-sampling, Duchi multi-dim, HaarRecord) take one row of d values
-        return np.asarray([t], dtype=float) if hasattr(plan.mechanism, "d") else np.asarray(t, dtype=float)
+        # vector mechanisms (k-sampling, Duchi multi-dim, HaarRecord) take one row of d values
+        vector = catalogue.entry(plan.mechanism_name).family in (catalogue.Family.VECTOR, catalogue.Family.HAAR)
+        return np.asarray([t], dtype=float) if vector else np.asarray(t, dtype=float)
 
     def _body_maker(self, plan: StreamPlan, x: np.ndarray) -> Callable[[], dict[str, Any]]:
         codec = catalogue.entry(plan.mechanism_name)
         # a distribution mechanism privatizes the value on the unit scale of its grid (``_mechanism_input``)
         privatize = plan.mechanism.privatize_unit if plan.distribution else plan.mechanism.privatize
 
-        def make_body() -> dict[str, Any]:
-            return {"report": codec.encode_row(plan.mechanism, np.asarray(privatize(x, self.rng))[0])}
+        def new_body() -> dict[str, Any]:
+            return make_body(codec.encode_row(plan.mechanism, np.asarray(privatize(x, self.rng))[0]))
 
-        return make_body
+        return new_body
 
     def _client(self, plan: StreamPlan) -> Any:
         """The :mod:`protocols.longitudinal` client of a longitudinal plan (cached; stateless PRR keyed by the
@@ -217,8 +236,7 @@ class Pipeline:
             kwargs: dict[str, Any] = {"secret": self._secret, "stream": plan.name, "memo_style": "stateless",
                                       "rng": os_rng()}
             if getattr(plan.mechanism, "device_parameter", None) == "seed":
-                digest = hmac.new(self._secret, b"haarvest-loloha-seed\n" + plan.name.encode(), hashlib.sha256).digest()
-                kwargs["seed"] = int.from_bytes(digest[:8], "big") >> 2  # in [0, 2^62)
+                kwargs["seed"] = device_seed(self._secret, plan.name)
             client = plan.mechanism.client(**kwargs)
             self._clients[key] = client
         return client
@@ -230,27 +248,11 @@ class Pipeline:
         first = client.report(value)
         pending = [first]
 
-        def make_body() -> dict[str, Any]:
+        def new_body() -> dict[str, Any]:
             rep = pending.pop() if pending else client.report(value)
-            return {"report": catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report)}
+            return make_body(catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report))
 
-        return str(first.memo_key), make_body
-
-    def round_plan(self, name: str, mechanism: str, params: Mapping[str, Any]) -> StreamPlan:
-        """Compatibility shim: the plan for stream ``name`` with a round's ``mechanism``/``params`` and the stream's
-        own dims and bounds (see :meth:`plan_for` for the full StreamSpec check). ValueError if refused."""
-        base = self.streams[name]
-        data: dict[str, Any] = {k: v for k, v in base.stream_spec().items() if k not in ("mechanism", "params")}
-        data.update(mechanism=mechanism, params=dict(params))
-        if mechanism == "haar":
-            data["kind"] = "haar"
-        elif data["kind"] == "haar":
-            data["kind"] = "vector" if len(base.dimensions) > 1 else "numeric"
-        try:
-            spec = StreamSpec.model_validate(data)
-        except ValueError as exc:
-            raise SpecMismatch("malformed", str(exc)) from None
-        return self.plan_for(name, spec)
+        return str(first.memo_key), new_body
 
     def plan_for(self, name: str, spec: StreamSpec | Mapping[str, Any]) -> StreamPlan:
         """The plan for stream ``name`` following a round's StreamSpec (:func:`plan_for_spec`; cached)."""
@@ -318,12 +320,12 @@ class Pipeline:
                 out.append(self._tree_report(plan, record, now))
                 continue
             if plan.longitudinal:
-                key, make_body = self._longitudinal_report(plan, record)
+                key, body_maker = self._longitudinal_report(plan, record)
                 refresh = True
             else:
                 canon, t = self._view(plan, record)
-                key = memo_key(self._secret, name, plan.spec, canon)
-                make_body = self._body_maker(plan, self._mechanism_input(plan, record, t))
+                key = record_key(self._secret, name, plan.spec, canon)
+                body_maker = self._body_maker(plan, self._mechanism_input(plan, record, t))
                 refresh = False
             out.append(
                 PreparedReport(
@@ -334,7 +336,7 @@ class Pipeline:
                     epsilon=plan.charge,
                     cap=plan.cap,
                     memoize=plan.memoize,
-                    make_body=make_body,
+                    make_body=body_maker,
                     refresh=refresh,
                     delta=plan.delta,
                     unit=plan.unit,
@@ -363,7 +365,7 @@ class Pipeline:
             start = saved["start"]  # type: ignore[index]
         rep = client.report(int(record.values[plan.dimensions[0].name]))
         state = {"spec": plan.spec, "start": start, "client": client.to_state()}
-        body = {"report": catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report)}
+        body = make_body(catalogue.entry(plan.mechanism_name).encode_row(plan.mechanism, rep.report))
 
         def committed() -> None:
             self._trees[plan.name] = state

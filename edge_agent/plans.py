@@ -5,7 +5,7 @@ dimension) run the :mod:`protocols.longitudinal` client: the memo key is the *pr
 memo slot (the value; LOLOHA's hashed value), keyed by the device HMAC secret; the permanent randomized response is
 derived from the same secret (stateless PRR, RAPPOR's pattern), a new key is charged ε∞ and every report — memo hit
 or not — is a *fresh* instantaneous randomized response (ε1 per report). LOLOHA's hash seed is derived from the
-secret (``HMAC(secret, "haarvest-loloha-seed" ‖ stream)``), so it is fixed for the device's life.
+secret (:func:`protocols.memo_key.device_seed`), so it is fixed for the device's life.
 
 **Distribution streams** (SPEC §3.14): one numeric dimension with ``mechanism`` a distribution catalogue name
 (``distribution_flat``, ``distribution_hierarchical``, ``distribution_haar``, ``distribution_square_wave``) or
@@ -18,8 +18,9 @@ once per bucket; under the device unit every report is charged ε.
 **Mechanism policy** ``auto`` delegates to :func:`protocols.pipeline.choose_mechanism` (the one chooser of the
 project: lowest analytic variance, exact variance models): categorical → GRR / OUE / OLH; a numeric stream of d
 dimensions → HM k-sampling, Duchi multi-dim or the Haar record mechanism for the stream's query (``params = {"query":
-"mean" | "range" | "dyadic" | "total"}``, default ``mean``). For d = 1 the k-sampling winner is HM itself and is
-reported as ``hybrid``.
+"mean" | "range" | "dyadic" | "total"}``, default ``mean``); the stream runs the choice's
+:meth:`~protocols.pipeline.MechanismChoice.deployed` mechanism (for d = 1 a k-sampling winner is HM itself, named
+``hybrid``).
 
 :func:`build_stream_plan` resolves a configured stream into a :class:`StreamPlan`; :attr:`StreamPlan.charge` is
 what the ledger charges per report (the formulas of :mod:`protocols.accounting`); :func:`privacy_statement` says
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocols import catalogue, wire
+from protocols.accounting import report_charge
 from protocols.catalogue import Family, Role
 from protocols.contract import HeavyHitterSpec, StreamSpec
 from protocols.errors import ConfigError
@@ -77,21 +79,9 @@ class StreamPlan:
 
     @property
     def charge(self) -> float:
-        """ε the ledger charges for one report of this plan.
-
-        ``value`` unit: ε (ε∞ for longitudinal chains) per *new* memo entry, 0 for a memo hit.
-        ``device`` unit: every report is charged, and the charge bounds the report's contribution to the
-        whole-transcript log-likelihood ratio against any other readings: a fresh mechanism's ε (sequential
-        composition over independent randomizations); for a longitudinal chain the IRR's ε for an arbitrary change
-        of its input (``irr_input_epsilon``): the PRR table is drawn independently of the data, so conditioned on
-        it the reports are independent IRRs and each one changes the ratio by at most that factor
-        (:mod:`protocols.longitudinal.base`, bound 2).
-        """
-        if self.change_bounded:  # the most one tree can charge (per report: CategoricalDDRM.step_charge)
-            return float(self.mechanism.device_epsilon(self.mechanism.horizon))
-        if self.unit == "device" and self.longitudinal:
-            return float(self.mechanism.irr_input_epsilon)
-        return float(self.epsilon)
+        """ε the ledger charges for one report of this plan under its privacy unit (value unit: per new memo entry):
+        :func:`protocols.accounting.report_charge`."""
+        return report_charge(self.mechanism_name, self.mechanism, self.epsilon, self.unit)
 
     @property
     def change_bounded(self) -> bool:
@@ -130,9 +120,11 @@ class StreamPlan:
             return "longitudinal"
         if self.kind == "categorical":
             return "frequency"
-        if self.mechanism_name == "haar":
+        family = catalogue.entry(self.mechanism_name).family
+        if family is Family.HAAR:
             return "haar"
-        return "numeric" if self.kind == "scalar" and getattr(self.mechanism, "d", 1) == 1 else "vector"
+        return "numeric" if self.kind == "scalar" and (family is not Family.VECTOR or self.mechanism.d == 1) \
+            else "vector"
 
     def stream_spec(self) -> dict[str, Any]:
         """This plan as the coordinator's StreamSpec (JSON-ready): what a round must send for the device to answer
@@ -192,7 +184,8 @@ def privacy_statement(plan: StreamPlan) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=128)
 def _init_parameters(cls: type) -> frozenset[str]:
-    """Names of a mechanism class's constructor parameters (cached: inspecting a signature costs ~60 µs)."""
+    """Names of a mechanism class's constructor parameters (cached: inspecting a signature is slow next to a
+    dictionary lookup, and plans are built per round)."""
     return frozenset(inspect.signature(cls.__init__).parameters)
 
 
@@ -209,15 +202,11 @@ def _constructor_params(name: str, stream: StreamConfig, dims: tuple[DimensionCo
 
 
 def _resolved(name: str, params: dict[str, Any], mech: Any) -> dict[str, Any]:
-    """Constructor parameters with every automatic choice resolved (HaarRecord: mean mechanism and split; Hadamard
-    response: its design ``rows``, which fixes the output space), so the coordinator rebuilds exactly the device's
-    mechanism from the stream spec, whatever version of the automatic rule either side runs."""
-    if name == "haar":
-        return {"epsilon": float(mech.epsilon), "d": int(mech.d), "mean_mechanism": mech.mean_mechanism,
-                "detail_mechanism": mech.detail_mechanism, "split": float(mech.split)}
-    if name == "hr":
-        return {**params, "rows": int(mech.rows)}
-    return params
+    """Constructor parameters with every automatic choice resolved (the mechanisms the catalogue marks
+    ``resolves_params``: HaarRecord's mean mechanism and split, Hadamard response's design ``rows``), so the
+    coordinator rebuilds exactly the device's mechanism from the stream spec, whatever version of the automatic rule
+    either side runs."""
+    return dict(mech._params()) if catalogue.entry(name).resolves_params else params
 
 
 @functools.lru_cache(maxsize=256)
@@ -225,12 +214,8 @@ def _auto_choice(epsilon: float, d: int, query: str, k: int | None) -> tuple[str
     """``protocols.pipeline.choose_mechanism`` (cached: it is analytic, and agents of a fleet share the answer)."""
     from protocols.pipeline import choose_mechanism as choose
 
-    ch = choose(epsilon, d, query, k)
-    if ch.name == "ksampling" and d == 1:  # k-sampling of one coordinate is its base mechanism itself
-        base = str(ch.params.get("base", "hybrid"))
-        params: dict[str, Any] = {"epsilon": float(epsilon)}
-        return base, wire.canonical_json(params).decode(), catalogue.build(base, **params)
-    return ch.name, wire.canonical_json(ch.params).decode(), ch.mechanism
+    name, params, mech = choose(epsilon, d, query, k).deployed()
+    return name, wire.canonical_json(params).decode(), mech
 
 
 def _longitudinal_protocol(stream: StreamConfig, dims: tuple[DimensionConfig, ...]) -> tuple[str, dict[str, Any], Any]:
@@ -327,9 +312,10 @@ def choose_mechanism(
             mech = catalogue.build(name, **params)
         except (ValueError, ImportError, AttributeError) as exc:
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r}: {exc}") from None
-        if kind == "vector" and getattr(mech, "d", len(dims)) != len(dims):
+        family = catalogue.entry(name).family
+        if kind == "vector" and (family not in (Family.VECTOR, Family.HAAR) or mech.d != len(dims)):
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} does not take {len(dims)}-vectors")
-        if kind == "categorical" and not hasattr(mech, "k"):
+        if kind == "categorical" and family is not Family.FREQUENCY:
             raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} is not a frequency oracle")
         return name, _resolved(name, params, mech), mech
     extra = set(stream.params) - {"query"}

@@ -19,7 +19,7 @@ import numpy as np
 
 from protocols.base import os_rng
 from protocols.memo_key import canonical_value
-from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, epoch_plan
+from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, round_reading
 
 from .config import DimensionConfig
 
@@ -54,19 +54,19 @@ class DimensionRounding:
         self.dirty = True
 
     def observe(self, x: float) -> tuple[float, list[Any], bool]:
-        """Update the window with x (already clipped); return (value, canonical form, rounded?)."""
-        self.detector.update([x])
+        """Update the window with x (already clipped); return (value, canonical form, rounded?) —
+        :func:`protocols.rounding.round_reading` of this one dimension."""
         before = self.epochs.current.epoch if self.epochs.current is not None else None
-        # none while the first window fills; an index behind a restored plan (clock/crash) keeps the plan
-        plan = epoch_plan(self.epochs, self.detector, self.index)
+        # no plan while the first window fills; an index behind a restored plan (clock/crash) keeps the plan
+        out = round_reading(self.detector, self.epochs, self.rounder, self.index, [x])  # type: ignore[arg-type]
         self.index += 1
-        if plan is not None and before != plan.epoch:  # a new epoch plan: persist it (with the reading index)
+        if out.plan is not None and before != out.plan.epoch:  # a new epoch plan: persist it (with the reading index)
             self.dirty = True
         # (while the first window fills there is no plan to keep: the reading index alone is not written each
         # reading — after a restart the window refills anyway, and epochs count from the last index written)
-        if plan is not None and bool(plan.volatile[0]):
-            gi, y = self.rounder.round_in_bounds([x], plan.steps)  # type: ignore[union-attr]
-            return float(y[0]), canonical_value(exponent=int(plan.exponents[0]), grid_index=int(gi[0])), True
+        if bool(out.rounded[0]):
+            return (float(out.values[0]), canonical_value(exponent=int(out.exponents[0]),
+                                                          grid_index=int(out.grid_index[0])), True)
         return x, canonical_value(x), False
 
     def round_with(self, x: float, step: float) -> tuple[float, list[Any]]:

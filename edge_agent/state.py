@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from protocols.accounting import check_cap
+from protocols.accounting import check_cap, check_delta_cap, memo_charge
 from protocols.errors import BudgetExceededError, Refused
 
 __all__ = ["State", "Refused", "Commit", "ReportRequest", "OutboxRow", "SCHEMA_VERSION"]
@@ -189,13 +189,7 @@ class _Spent:
             check_cap("stream_cap", self.streams.get(stream, 0.0), eps, stream_cap, f"stream {stream!r}")
             check_cap("total_cap", self.total, eps, total_cap, "total", "total cap")
             check_cap("round_budget", self.rounds.get(round_id, 0.0), eps, round_cap, f"round {round_id!r}")
-            if delta > 0:
-                # basic composition of (ε, δ) charges: Σ δ (window) + δ ≤ delta_cap; no cap refuses any δ > 0
-                if not (0 < delta < 1):
-                    raise Refused("delta_cap", f"δ = {delta!r} is not in (0, 1)")
-                if delta_cap is None:
-                    raise Refused("delta_cap", "an (ε, δ) charge needs ledger.delta_cap")
-                check_cap("delta_cap", self.delta, delta, delta_cap, "δ")
+            check_delta_cap(self.delta, delta, delta_cap)  # Σ δ (window) + δ ≤ delta_cap; None refuses any δ > 0
         except BudgetExceededError as exc:
             raise Refused(exc.reason, exc.detail) from None
 
@@ -430,31 +424,6 @@ class State:
 
     # --- the report transaction ---------------------------------------------------------------------------
 
-    def commit_report(
-        self,
-        *,
-        total_cap: float,
-        renewal_period_s: float | None,
-        max_pending: int,
-        counters: dict[str, int] | None = None,
-        now: float | None = None,
-        delta_cap: float | None = None,
-        **request: Any,
-    ) -> Commit:
-        """One report in its own transaction (see :meth:`commit_reports`); raises :class:`Refused`."""
-        (result,) = self.commit_reports(
-            [ReportRequest(**request)],
-            total_cap=total_cap,
-            renewal_period_s=renewal_period_s,
-            max_pending=max_pending,
-            counters=counters,
-            now=now,
-            delta_cap=delta_cap,
-        )
-        if isinstance(result, Refused):
-            raise result
-        return result
-
     def commit_reports(
         self,
         requests: list["ReportRequest"],
@@ -556,12 +525,11 @@ class State:
         hit = memo_body is not None
         delta = float(req.delta)
         ts = now
+        charged = memo_charge(req.epsilon, memo_hit=hit)
         if hit:
             body = req.make_body() if req.refresh else json.loads(memo_body)  # type: ignore[arg-type]
-            charged = 0.0
         else:
             assert budget is not None
-            charged = float(req.epsilon)
             budget.check(req.stream, req.round_id, charged, req.stream_cap, total_cap, req.round_cap, delta,
                          delta_cap)
             ts = budget.last_ts

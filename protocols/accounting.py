@@ -34,7 +34,11 @@ bounds: one formula, :func:`memo_slots_bound` (ε per memo slot), specialised by
 :func:`alpha_rounding_bound`, :func:`dbitflip_bound` and every protocol's ``longitudinal_bound``.
 
 **One cap rule** (:func:`check_cap`) for this in-memory accountant and for the device's persistent ledger
-(:mod:`edge_agent.state`, which keeps the charges in SQLite and checks them with the same function).
+(:mod:`edge_agent.state`, which keeps the charges in SQLite and checks them with the same function), and one δ
+rule (:func:`check_delta_cap`). **One charge rule**: :func:`report_charge` is what one report (value unit: one new
+memo entry) is charged under a privacy unit, :func:`memo_charge` what a report costs given a memo hit (0) or
+miss — the device's plans and ledger (:mod:`edge_agent.plans`, :mod:`edge_agent.state`) and
+:meth:`Accountant.charge_memo` call them.
 """
 
 from __future__ import annotations
@@ -65,6 +69,10 @@ __all__ = [
     "dbitflip_bound",
     "CAP_TOLERANCE",
     "check_cap",
+    "check_delta_cap",
+    "PRIVACY_UNITS",
+    "report_charge",
+    "memo_charge",
     "Charge",
     "SpendReport",
     "BudgetExceededError",
@@ -242,6 +250,53 @@ def check_cap(reason: str, spent: float, charge: float, cap: float | None, what:
         raise BudgetExceededError(reason, f"{label}spent {spent:.6g} + {charge:.6g} > {cap_name} {cap:.6g}")
 
 
+def check_delta_cap(spent: float, delta: float, cap: float | None) -> None:
+    """The δ rule of both ledgers: basic composition of (ε, δ) charges, ``Σδ + δ ≤ cap`` (:func:`check_cap`). A
+    charge with δ > 0 needs δ < 1 and a cap — ``cap`` None refuses every δ > 0 (a ledger that admits (ε, δ) charges
+    states how much δ it allows: a device's ``ledger.delta_cap``); δ = 0 passes. Raises
+    :class:`BudgetExceededError` ``"delta_cap"``."""
+    if delta > 0:
+        if not delta < 1:
+            raise BudgetExceededError("delta_cap", f"δ = {delta!r} is not in (0, 1)")
+        if cap is None:
+            raise BudgetExceededError("delta_cap", "an (ε, δ) charge needs ledger.delta_cap")
+        check_cap("delta_cap", spent, delta, cap, "δ")
+
+
+#: The privacy units a charge can be true for (SPEC §4; a device's ``privacy.unit``).
+PRIVACY_UNITS = ("device", "value")
+
+
+def report_charge(name: str, mechanism: Any, epsilon: float, unit: str) -> float:
+    """ε a ledger charges for one report of catalogue mechanism ``name`` (built: ``mechanism``) run at ``epsilon``.
+
+    ``value`` unit: ε (ε∞ for longitudinal chains) per *new* memo entry (:func:`memo_charge`: 0 for a memo hit).
+    ``device`` unit: every report is charged, and the charge bounds the report's contribution to the
+    whole-transcript log-likelihood ratio against any other readings: a fresh mechanism's ε (sequential
+    composition over independent randomizations); for a longitudinal chain the IRR's ε for an arbitrary change of
+    its input (``irr_input_epsilon``): the PRR table is drawn independently of the data, so conditioned on it the
+    reports are independent IRRs and each one changes the ratio by at most that factor
+    (:mod:`protocols.longitudinal.base`, bound 2). A change-bounded tree (DDRM, either unit) is charged the most one
+    tree can charge, ``device_epsilon(horizon)``.
+    """
+    from protocols import catalogue  # the catalogue is light; imported here to keep this module's import minimal
+
+    if unit not in PRIVACY_UNITS:
+        raise ValueError(f"unit must be one of {', '.join(PRIVACY_UNITS)}, got {unit!r}")
+    entry = catalogue.entry(name)
+    if catalogue.Role.CHANGE_BOUNDED in entry.roles:
+        return float(mechanism.device_epsilon(mechanism.horizon))
+    if unit == "device" and entry.family is catalogue.Family.LONGITUDINAL:
+        return float(mechanism.irr_input_epsilon)
+    return float(epsilon)
+
+
+def memo_charge(epsilon: float, *, memo_hit: bool) -> float:
+    """What a report costs given its memo lookup (SPEC §4): a report served from the memo table is post-processing
+    and costs 0; a new entry costs its ε."""
+    return 0.0 if memo_hit else float(epsilon)
+
+
 @dataclass(frozen=True)
 class Charge:
     """One recorded spend: ``kind`` is "report" (a fresh report) or "memo" (a new memo entry, with its key)."""
@@ -352,15 +407,18 @@ class Accountant:
       it charged); a repeated key is served from the memo table for free;
     * ``declare_disjoint(group, streams)``: those streams touch disjoint data → parallel composition (max);
     * ``report(delta, stream=None)``: :class:`SpendReport` for one stream or for everything;
-    * optional caps (basic composition, the conservative device-side rule): ``set_cap(stream, ε)`` and
-      ``total_cap``; a charge that would exceed one raises :class:`BudgetExceededError` and records nothing.
+    * optional caps (basic composition, the conservative device-side rule): ``set_cap(stream, ε)``, ``total_cap``
+      and ``delta_cap`` (Σδ, :func:`check_delta_cap`; without it δ is not capped); a charge that would exceed one
+      raises :class:`BudgetExceededError` and records nothing.
 
     State is plain data (:meth:`to_state` / :meth:`from_state`) so a ledger can persist it.
     """
 
-    def __init__(self, orders: Sequence[float] | None = None, total_cap: float | None = None) -> None:
+    def __init__(self, orders: Sequence[float] | None = None, total_cap: float | None = None,
+                 delta_cap: float | None = None) -> None:
         self.orders = _orders(DEFAULT_ORDERS if orders is None else orders)
         self.total_cap = None if total_cap is None else check_epsilon(total_cap, "total_cap")
+        self.delta_cap = None if delta_cap is None else check_delta(delta_cap, "delta_cap")
         self._charges: list[Charge] = []
         self._memo: dict[str, set[str]] = {}
         self._groups: dict[str, tuple[str, ...]] = {}
@@ -425,10 +483,10 @@ class Accountant:
     ) -> bool:
         """Charge ε for a new memo entry; a key already seen on this stream costs nothing. Returns True if charged."""
         key = _check_name(key, "memo key")
-        if self.has_memo(stream, key):
-            return False
-        self.charge(stream, mechanism, epsilon, delta, rdp, kind="memo", memo_key=key)
-        return True
+        hit = self.has_memo(stream, key)
+        if not hit:  # a hit records nothing (its cost, memo_charge, is 0)
+            self.charge(stream, mechanism, memo_charge(epsilon, memo_hit=hit), delta, rdp, kind="memo", memo_key=key)
+        return not hit
 
     def has_memo(self, stream: str, key: str) -> bool:
         return key in self._memo.get(stream, ())
@@ -446,6 +504,9 @@ class Accountant:
             before = self._unit_totals(with_rdp=False).eps
             after = self._unit_totals(extra=c, with_rdp=False).eps
             check_cap("total_cap", before, after - before, self.total_cap, "total", "total cap")
+        if self.delta_cap is not None:  # as for the total: a disjoint group's δ counts its worst stream
+            before_t, after_t = self._unit_totals(with_rdp=False), self._unit_totals(extra=c, with_rdp=False)
+            check_delta_cap(before_t.delta, after_t.delta - before_t.delta, self.delta_cap)
 
     # ------------------------------------------------------------ queries
     @property
@@ -539,6 +600,7 @@ class Accountant:
             "version": 1,
             "orders": self.orders.tolist(),
             "total_cap": self.total_cap,
+            "delta_cap": self.delta_cap,
             "caps": dict(self._caps),
             "groups": {g: list(m) for g, m in self._groups.items()},
             "charges": [c.to_state() for c in self._charges],
@@ -549,7 +611,7 @@ class Accountant:
         if state.get("version") != 1:
             raise ValueError(f"unsupported accountant state version {state.get('version')!r}")
         try:
-            acc = cls(state["orders"], state.get("total_cap"))
+            acc = cls(state["orders"], state.get("total_cap"), state.get("delta_cap"))
             for group, members in state.get("groups", {}).items():
                 acc.declare_disjoint(group, members)
             for stream, cap in state.get("caps", {}).items():

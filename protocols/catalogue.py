@@ -18,7 +18,7 @@ A stream's reports reduce to additive **sufficient statistics** (:class:`Statist
 the coordinator keeps them as reports arrive and estimates from them alone (:meth:`Entry.estimate`), so the cost of
 an estimate does not grow with the fleet.
 
-On the wire a device sends ``{"report": entry(name).encode_row(row)}`` for its row, which the coordinator
+On the wire a device sends ``protocols.contract.make_body(entry(name).encode_row(mech, row))`` for its row, which the coordinator
 stacks back with :meth:`Entry.decode_rows`. Longitudinal protocols report through their clients
 (``mech.client(...).report(value)``) and are estimated per round (``mech.estimate_round(rows)``).
 """
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Family", "Role", "Entry", "Statistics", "CATALOGUE", "entry", "names", "build", "mechanism_class",
-           "protocol_entry", "distribution_entry", "row_to_json"]
+           "protocol_entry", "distribution_entry", "haar_row_parts"]
 
 
 class Family(StrEnum):
@@ -164,6 +164,9 @@ class Entry:
     summary: str
     #: Report rows hold integers (None: by family — frequency and longitudinal ones do).
     integer_rows: bool | None = None
+    #: The constructor makes automatic choices (HaarRecord: mean mechanism and split; Hadamard response: its design
+    #: rows) that a stream spec states resolved — the built mechanism's ``_params()`` — so both sides build one mechanism.
+    resolves_params: bool = False
 
     @cached_property
     def cls(self) -> type:
@@ -209,10 +212,11 @@ class Entry:
         ``(n, *row_shape)``, integers for integer families. ValueError if they are not such rows."""
         shape = self.row_shape(mech)
         if self.family is Family.HAAR:
+            parts = [haar_row_parts(r) for r in rows]
             try:
-                means = np.asarray([r["mean"] for r in rows], dtype=float)
-                details = np.asarray([r["detail"] for r in rows], dtype=float)
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                means = np.asarray([m for m, _ in parts], dtype=float)
+                details = np.asarray([c for _, c in parts], dtype=float)
+            except (TypeError, ValueError) as exc:
                 raise ValueError(f"a haar wire row is {{'mean': y, 'detail': [z...]}}: {exc}") from None
             if means.ndim != 1 or details.shape != (means.size, shape[0] - 1):
                 raise ValueError(f"haar wire rows need 1 mean and {shape[0] - 1} detail values each")
@@ -278,9 +282,18 @@ class Entry:
         return stats.mean
 
 
+def haar_row_parts(row: Any) -> tuple[Any, Any]:
+    """``(mean, detail)`` of a Haar wire row (:meth:`Entry.encode_row`); ValueError unless the row is exactly
+    ``{"mean": y, "detail": [z...]}`` — the one structural check of a Haar row (the contract's ``body_row`` and the
+    codec's ``decode_rows``)."""
+    if not isinstance(row, dict) or set(row) != {"mean", "detail"}:
+        raise ValueError("a haar wire row is {'mean': y, 'detail': [z...]}")
+    return row["mean"], row["detail"]
+
+
 def _entry(name: str, target: str, family: Family, roles: Iterable[Role], row: Callable[[Any], tuple[int, ...]] | None,
-           summary: str, integer_rows: bool | None = None) -> Entry:
-    return Entry(name, target, family, frozenset(roles), row, summary, integer_rows)
+           summary: str, integer_rows: bool | None = None, resolves_params: bool = False) -> Entry:
+    return Entry(name, target, family, frozenset(roles), row, summary, integer_rows, resolves_params)
 
 
 _S, _KB, _HM, _HA, _HD, _A = Role.STREAM, Role.KSAMPLING_BASE, Role.HAAR_MEAN, Role.HAAR_MEAN_AUTO, Role.HAAR_DETAIL, Role.AUTO
@@ -307,9 +320,11 @@ CATALOGUE: tuple[Entry, ...] = (
     _entry("oue", "protocols.frequency:OUE", _F, (_S, _A, _DO), _k_row, "optimised unary encoding"),
     _entry("blh", "protocols.frequency:BLH", _F, (_S,), _pair_row, "binary local hashing"),
     _entry("olh", "protocols.frequency:OLH", _F, (_S, _A, _DO), _pair_row, "optimised local hashing"),
-    _entry("hr", "protocols.frequency:HadamardResponse", _F, (_S,), _scalar_row, "Hadamard response"),
+    _entry("hr", "protocols.frequency:HadamardResponse", _F, (_S,), _scalar_row, "Hadamard response",
+           resolves_params=True),
     # records in [-1, 1]^d: the memoized pipeline's Haar record mechanism (SPEC §2.4)
-    _entry("haar", "protocols.pipeline:HaarRecord", _H, (_S, _A), _haar_row, "Haar record: mean + details (§2.4)"),
+    _entry("haar", "protocols.pipeline:HaarRecord", _H, (_S, _A), _haar_row, "Haar record: mean + details (§2.4)",
+           resolves_params=True),
     # distributions of one numeric dimension on a public grid of D buckets (SPEC §3.14); params epsilon, D, …
     _entry("distribution_flat", "protocols.distribution:FlatOracle", Family.DISTRIBUTION, (_S,), _flat_dist_row,
            "bucket + OUE/OLH over D buckets (§3.14)", True),
@@ -377,7 +392,3 @@ def distribution_entry(mech: Any) -> Entry:
             return e
     raise ValueError(f"{type(mech).__name__} is not a catalogued distribution mechanism")
 
-
-def row_to_json(row: Any) -> Any:
-    """One user's report (a row of ``privatize``'s output) as plain JSON data (the non-Haar row codec)."""
-    return np.asarray(row).tolist()

@@ -85,6 +85,7 @@ __all__ = [
     "parse_round_params",
     "make_body",
     "body_row",
+    "clip",
     "normalise",
     "denormalise",
     "heavy_hitter_items",
@@ -431,11 +432,10 @@ def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
     if spec.kind == "haar":
         from protocols.haar import padded_size  # numpy only; keep the contract's import light
 
-        if not isinstance(row, dict) or set(row) != {"mean", "detail"}:
-            raise ValueError("a haar report is {'mean': y, 'detail': [z...]}")
-        _check_row(row["mean"], 1)
-        _check_row(row["detail"], padded_size(len(spec.dims)) - 1)
-        if not isinstance(row["detail"], list):
+        mean, detail = catalogue.haar_row_parts(row)
+        _check_row(mean, 1)
+        _check_row(detail, padded_size(len(spec.dims)) - 1)
+        if not isinstance(detail, list):
             raise ValueError("a haar report's detail is a list")
     elif spec.kind == "numeric":
         _check_row(row, None)
@@ -446,23 +446,32 @@ def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
     return row
 
 
-#: bounds are checked by :func:`protocols.base.check_bounds` (the one bounds check)
-_lo_hi = check_bounds
+def clip(x: Any, lo: Any, hi: Any) -> np.ndarray:
+    """Clip values to [lo, hi] (trailing axis = dimensions): a documented bias, never an error (SPEC §2.3). The one
+    clip of devices (:meth:`edge_agent.pipeline.Pipeline.observe`, once per reading) and the fleet simulator.
+    ValueError for non-finite values or bounds without hi > lo."""
+    lo_a, hi_a = check_bounds(lo, hi)
+    return np.clip(_finite_values(x), lo_a, hi_a)
+
+
+def _finite_values(x: Any) -> np.ndarray:
+    arr = np.asarray(x, dtype=float)
+    if arr.size and not np.all(np.isfinite(arr)):
+        raise ValueError("values must be finite; got NaN or infinity")
+    return arr
 
 
 def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:
     """Clip to [lo, hi] and map to [-1, 1]: ``t = 2(x - lo)/(hi - lo) - 1`` (trailing axis = dimensions; the one
     normalisation of devices, simulations and tests). ValueError for non-finite values or bounds without hi > lo."""
-    lo_a, hi_a = _lo_hi(lo, hi)
-    arr = np.asarray(x, dtype=float)
-    if arr.size and not np.all(np.isfinite(arr)):
-        raise ValueError("values must be finite; got NaN or infinity")
+    lo_a, hi_a = check_bounds(lo, hi)
+    arr = _finite_values(x)
     return np.clip(2.0 * (np.clip(arr, lo_a, hi_a) - lo_a) / (hi_a - lo_a) - 1.0, -1.0, 1.0)
 
 
 def denormalise(t: Any, lo: Any, hi: Any) -> np.ndarray:
     """Inverse of :func:`normalise`: ``x = lo + (t + 1)(hi - lo)/2`` (no clipping: estimates may lie outside)."""
-    lo_a, hi_a = _lo_hi(lo, hi)
+    lo_a, hi_a = check_bounds(lo, hi)
     return lo_a + (np.asarray(t, dtype=float) + 1.0) * (hi_a - lo_a) / 2.0
 
 

@@ -24,8 +24,9 @@ different m nest (every point of the coarser grid is a point of the finer one). 
 epoch boundaries (:class:`EpochSteps`).
 
 **The device's order** (per reading, after clipping): update the window, take the epoch plan (:func:`epoch_plan`:
-none until the first window is full), round the volatile dimensions (:meth:`AlphaRounder.round_in_bounds`). The edge
-agent (:mod:`edge_agent.rounding_state`) and the fleet simulator (:mod:`simulations.fleet_pipeline`) both call these.
+none until the first window is full), round the volatile dimensions (:meth:`AlphaRounder.round_in_bounds`) —
+:func:`round_reading`, which the edge agent (:mod:`edge_agent.rounding_state`, per dimension) and the fleet simulator
+(:mod:`simulations.fleet_pipeline`, a fleet at once) both call.
 
 Rounded values lie in [lo, hi + step): when step does not divide hi - lo the top cell reaches past hi, and
 clipping the output back to the bounds (normalisation, SPEC §2.3) biases values in that last cell only.
@@ -40,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import check_bounds as _bounds  # the one bounds check
+from protocols.base import check_bounds
 
 __all__ = [
     "volatility_score",
@@ -52,6 +53,8 @@ __all__ = [
     "EpochSteps",
     "EpochPlan",
     "epoch_plan",
+    "RoundedReading",
+    "round_reading",
 ]
 
 
@@ -68,7 +71,7 @@ def volatility_score(window: Any, lo: Any, hi: Any) -> np.ndarray:
     ``window`` has shape (W+1,) or (W+1, d) (any trailing shape broadcasting with lo/hi); values are clipped to
     [lo, hi] first, so scores lie in [0, 1]. Fewer than two values give 0.
     """
-    lo_arr, hi_arr = _bounds(lo, hi)
+    lo_arr, hi_arr = check_bounds(lo, hi)
     w = _finite(window, "window")
     if w.ndim == 0:
         raise ValueError("window must have at least one axis (time along axis 0)")
@@ -94,7 +97,7 @@ class VolatilityDetector:
     """
 
     def __init__(self, lo: Any, hi: Any, window: int = 16, tau: float = 0.01) -> None:
-        lo_arr, hi_arr = _bounds(lo, hi)
+        lo_arr, hi_arr = check_bounds(lo, hi)
         lo_arr, hi_arr = np.broadcast_arrays(np.atleast_1d(lo_arr), np.atleast_1d(hi_arr))
         if lo_arr.ndim != 1:
             raise ValueError("lo and hi must be scalars or 1-D arrays (one entry per dimension)")
@@ -166,21 +169,27 @@ def _nested_exponent(ratio: Any, k_base: int) -> np.ndarray:
     return np.clip(m, 0, int(math.floor(math.log2(k_base))))
 
 
+def _grid_step(lo: Any, hi: Any, exponent: Any, k_base: int) -> np.ndarray:
+    """The nested grid's step ``(hi - lo)/K_base · 2^m`` for exponents m (the one step-from-exponent formula)."""
+    return (np.asarray(hi, dtype=float) - np.asarray(lo, dtype=float)) / k_base * np.exp2(exponent)
+
+
 def quantise_step(step: Any, lo: Any, hi: Any, k_base: int = 100) -> np.ndarray:
     """Round a step up to the nested grid ``(hi - lo)/K_base · 2^m`` (m ≥ 0 integer, ``2^m ≤ K_base`` so a step
     never exceeds hi - lo): the one nested-step rule (SPEC §2.2) of the device's epochs (:func:`quantised_step`)
     and of the coordinator's planned rounds (``coordinator.rounds.plan_rounding_steps``); devices follow only
     these steps of their own grid."""
     base = (np.asarray(hi, dtype=float) - np.asarray(lo, dtype=float)) / k_base
-    return base * np.exp2(_nested_exponent(np.asarray(step, dtype=float) / base, k_base))
+    return _grid_step(lo, hi, _nested_exponent(np.asarray(step, dtype=float) / base, k_base), k_base)
 
 
 def quantised_step(lo: Any, hi: Any, score: Any, k_base: int = 100, eta: float = 0.1) -> np.ndarray:
     """``(hi-lo)·max(1/K_base, score/η)`` rounded up to ``(hi-lo)/K_base·2^m`` (m ≥ 0, step ≤ hi - lo): the
-    nested grid exponent of a volatility score (:func:`quantised_exponent`; the same grid as :func:`quantise_step`)."""
-    lo_arr, hi_arr = _bounds(lo, hi)
-    m = quantised_exponent(score, k_base, eta)
-    return (hi_arr - lo_arr) / k_base * np.exp2(m)
+    nested grid step of a volatility score (:func:`quantised_exponent`; the same grid as :func:`quantise_step`) —
+    a device's epoch steps (:class:`EpochSteps`) and the coordinator's planned steps
+    (``coordinator.rounds.plan_rounding_steps``)."""
+    lo_arr, hi_arr = check_bounds(lo, hi)
+    return _grid_step(lo_arr, hi_arr, quantised_exponent(score, k_base, eta), k_base)
 
 
 class AlphaRounder:
@@ -190,7 +199,7 @@ class AlphaRounder:
     """
 
     def __init__(self, lo: Any, hi: Any, u: Any) -> None:
-        lo_arr, hi_arr = _bounds(lo, hi)
+        lo_arr, hi_arr = check_bounds(lo, hi)
         u_arr = _finite(u, "u").reshape(-1)
         lo_arr, hi_arr, u_arr = np.broadcast_arrays(np.atleast_1d(lo_arr), np.atleast_1d(hi_arr), u_arr)
         if lo_arr.ndim != 1:
@@ -205,7 +214,7 @@ class AlphaRounder:
     @classmethod
     def draw(cls, lo: Any, hi: Any, rng: np.random.Generator) -> AlphaRounder:
         """Draw fresh offsets u_j ~ U[0, 1), one per dimension."""
-        lo_arr, hi_arr = np.broadcast_arrays(*_bounds(lo, hi))
+        lo_arr, hi_arr = np.broadcast_arrays(*check_bounds(lo, hi))
         return cls(lo_arr, hi_arr, rng.random(np.atleast_1d(lo_arr).size))
 
     def _prepare(self, x: Any, steps: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -282,7 +291,7 @@ class EpochSteps:
         eta: float = 0.1,
         tau: float = 0.01,
     ) -> None:
-        lo_arr, hi_arr = _bounds(lo, hi)
+        lo_arr, hi_arr = check_bounds(lo, hi)
         lo_arr, hi_arr = np.broadcast_arrays(np.atleast_1d(lo_arr), np.atleast_1d(hi_arr))
         if isinstance(epoch_length, bool) or not isinstance(epoch_length, (int, np.integer)) or epoch_length < 1:
             raise ValueError(f"epoch_length must be an integer >= 1, got {epoch_length!r}")
@@ -312,7 +321,7 @@ class EpochSteps:
         if s.size != self.lo.size:
             raise ValueError(f"expected {self.lo.size} scores, got {s.size}")
         exponents = quantised_exponent(s, self.k_base, self.eta)
-        steps = (self.hi - self.lo) / self.k_base * np.exp2(exponents)
+        steps = _grid_step(self.lo, self.hi, exponents, self.k_base)
         self._plan = EpochPlan(epoch, steps, exponents, s > self.tau)
         return self._plan
 
@@ -350,7 +359,7 @@ class EpochSteps:
                 volatile = np.asarray(raw["volatile"], dtype=bool)
                 if exponents.shape != obj.lo.shape or volatile.shape != obj.lo.shape:
                     raise ValueError("EpochSteps state: plan has the wrong number of dimensions")
-                steps = (obj.hi - obj.lo) / obj.k_base * np.exp2(exponents)
+                steps = _grid_step(obj.lo, obj.hi, exponents, obj.k_base)
                 obj._plan = EpochPlan(int(raw["epoch"]), steps, exponents, volatile)
         except KeyError as exc:
             raise ValueError(f"EpochSteps state is missing {exc}") from None
@@ -375,3 +384,53 @@ def epoch_plan(epochs: EpochSteps, detector: VolatilityDetector, index: int) -> 
         return epochs.plan(index, detector.scores)
     except ValueError:
         return epochs.current
+
+
+@dataclass(frozen=True)
+class RoundedReading:
+    """What the device's rounding steps make of one reading (:func:`round_reading`; arrays over its dimensions).
+
+    Attributes:
+        plan: the epoch plan the reading was rounded with (None while the first window fills).
+        values: the rounded value ``min(lo + i·step, hi)`` where ``rounded``, else the (clipped) reading.
+        rounded: True where the dimension was α-rounded.
+        exponents: the step exponent m of a rounded dimension (step ``(hi-lo)/K_base·2^m``), 0 elsewhere.
+        grid_index: the grid index i of a rounded dimension, 0 elsewhere.
+    """
+
+    plan: EpochPlan | None
+    values: np.ndarray
+    rounded: np.ndarray
+    exponents: np.ndarray
+    grid_index: np.ndarray
+
+
+def round_reading(detector: VolatilityDetector, epochs: EpochSteps, rounder: AlphaRounder, index: int, x: Any, *,
+                  base_grid: bool = False) -> RoundedReading:
+    """The device's rounding steps (SPEC §2.1–2.2) for reading number ``index`` with (clipped) values ``x``, one per
+    dimension of the three objects: update the window, take the epoch plan (:func:`epoch_plan`; none until the first
+    window is full), α-round the volatile dimensions with the plan's steps
+    (:meth:`AlphaRounder.round_in_bounds`); the others keep their value. The one implementation of the edge agent
+    (:class:`edge_agent.rounding_state.DimensionRounding`, one dimension) and of the fleet simulator
+    (:mod:`simulations.fleet_pipeline`, a fleet's n·d dimensions at once).
+
+    ``base_grid`` (an ablation of the fleet simulator, not in the SPEC): static dimensions — and every dimension
+    before the first plan — are α-rounded on the base grid ``(hi - lo)/K_base`` too.
+    """
+    x = np.asarray(x, dtype=float).reshape(-1)
+    detector.update(x)
+    plan = epoch_plan(epochs, detector, index)
+    zeros = np.zeros(x.size, dtype=np.int64)
+    if plan is None and not base_grid:
+        return RoundedReading(None, x, np.zeros(x.size, dtype=bool), zeros, zeros)
+    base_step = _grid_step(epochs.lo, epochs.hi, 0, epochs.k_base)
+    if plan is None:  # base_grid during warm-up: every dimension on the base grid
+        volatile, steps, exponents = np.zeros(x.size, dtype=bool), base_step, zeros
+    else:
+        volatile = plan.volatile
+        steps = np.where(volatile, plan.steps, base_step)
+        exponents = np.where(volatile, plan.exponents, 0)
+    rounded = volatile | base_grid
+    grid_index, value = rounder.round_in_bounds(x, steps)
+    return RoundedReading(plan, np.where(rounded, value, x), rounded, np.where(rounded, exponents, 0),
+                          np.where(rounded, grid_index, 0))

@@ -3,10 +3,10 @@
 It is not a second pipeline. The steps that decide what a device reports and what it is charged are defined once,
 in the mechanism library, and the edge agent — ``edge_agent/pipeline.py`` (clip, normalise, memo key, privatize)
 and ``edge_agent/rounding_state.py`` (one dimension's window, epoch plans and life-long offset) — calls the same
-ones (clipping and normalisation are one-line formulas the device writes per value and this module applies with
-numpy; the equivalence test below checks that they agree bit for bit):
+ones — steps 2–4 are :func:`protocols.rounding.round_reading`, which a device calls per dimension and this module
+calls for the whole fleet (the equivalence test below checks that they agree bit for bit):
 
-1. clip x to [lo, hi] (a documented bias, never an error; the device's ``min(max(x, lo), hi)``);
+1. clip x to [lo, hi] (:func:`protocols.contract.clip`; a documented bias, never an error);
 2. volatility window of the last W + 1 values per dimension (:class:`protocols.rounding.VolatilityDetector`);
 3. epoch plan (:func:`protocols.rounding.epoch_plan` over :class:`protocols.rounding.EpochSteps`): quantised steps
    ``(hi-lo)/K_base·2^m`` and the volatile mask, recomputed only at epoch boundaries; no plan until the first
@@ -18,7 +18,7 @@ numpy; the equivalence test below checks that they agree bit for bit):
 5. normalise (:func:`protocols.contract.normalise`);
 6. memoized report: the memo key is built from the canonical values of :func:`protocols.memo_key.canonical_value`
    — ``["g", m, grid index]`` for a rounded dimension, ``["x", clipped value]`` otherwise — which a device HMACs
-   (:func:`protocols.memo_key.memo_key`) and the simulator compares as integer rows
+   (:func:`protocols.memo_key.record_key`) and the simulator compares as integer rows
    (:func:`protocols.memo_key.canonical_codes`). A key the device has seen before returns its stored report and
    costs 0; a new key costs ε (the mechanism's ε) — the ledger of the ``value`` privacy unit; ``memoize=False`` is
    the ``device`` unit (every report charged).
@@ -26,9 +26,8 @@ numpy; the equivalence test below checks that they agree bit for bit):
 What this module adds is only the driving: every device at once, and the fleet's estimates. The equivalence test,
 tests/simulations/test_fleet_pipeline_equivalence.py, drives real agents (:class:`edge_agent.Agent`) and this simulator on
 the same readings and offsets and pins them together: per device and round the same rounded and normalised values,
-canonical values (and memo keys), memo hits and charges. (One known difference, kept there as a strict xfail: a
-reading of -0.0 on an unrounded dimension — the device keys it apart from 0.0, while
-:func:`protocols.memo_key.canonical_value` and this simulator do not.)
+canonical values (and memo keys), memo hits and charges — a reading of -0.0 included: it is one value with 0.0
+(:func:`protocols.memo_key.canonical_value`), on the device as here.
 
 **Vectorisation.** The rounding objects are used as-is on the fleet flattened to n·d "dimensions" (devices are
 synchronised on rounds, so one object holds every device's windows, plans and offsets; a dimension's volatility
@@ -52,10 +51,10 @@ import numpy as np
 
 from protocols.base import check_bounds
 from protocols import catalogue
-from protocols.contract import denormalise, normalise
+from protocols.contract import clip, denormalise, normalise
 from protocols.memo_key import canonical_codes, canonical_value
-from protocols.pipeline import HaarRecord, choose_mechanism
-from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, epoch_plan
+from protocols.pipeline import choose_mechanism
+from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, round_reading
 
 __all__ = ["MemoizedPipeline", "FleetRun", "FleetTrace"]
 
@@ -209,15 +208,16 @@ class FleetTrace:
     def canonical(self, device: int, round_index: int) -> list[list[Any]]:
         """Device ``device``'s canonical memo-key values in round ``round_index``
         (:func:`protocols.memo_key.canonical_value`, one per dimension): a device's memo key is
-        ``memo_key(secret, stream, spec, canonical(...))``."""
+        ``record_key(secret, stream, spec, canonical(...))``."""
         at = (device, round_index)
         return [canonical_value(exponent=int(m), grid_index=int(i)) if r else canonical_value(float(v))
                 for v, r, m, i in zip(self.values[at], self.rounded[at], self.exponents[at], self.grid_index[at])]
 
 
 class _FleetSteps:
-    """The device's per-reading steps (module docstring, 2–4) for a whole fleet at once: the shared rounding objects
-    on the fleet flattened to n·d dimensions, one reading per device and call."""
+    """The device's per-reading steps (module docstring, 2–4) for a whole fleet at once: the device's own
+    :func:`protocols.rounding.round_reading` on the fleet flattened to n·d dimensions, one reading per device and
+    call."""
 
     def __init__(self, pipe: MemoizedPipeline, n: int, u: np.ndarray) -> None:
         self.lo, self.hi = np.tile(pipe.lo, n), np.tile(pipe.hi, n)
@@ -225,28 +225,17 @@ class _FleetSteps:
         self.epochs = EpochSteps(self.lo, self.hi, epoch_length=pipe.epoch_length, k_base=pipe.k_base,
                                  eta=pipe.eta, tau=pipe.tau)
         self.rounder = AlphaRounder(self.lo, self.hi, u.reshape(-1))  # validates u ∈ [0, 1)
-        self.base_step = (self.hi - self.lo) / pipe.k_base
-        self.rounding, self.static = pipe.rounding, pipe.static
+        self.rounding, self.base_grid = pipe.rounding, pipe.static == "base_grid"
         self.index = 0  # the reading's number: devices are synchronised on readings
 
     def observe(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One clipped reading per device (n·d,) → (value, rounded?, step exponent, grid index), each (n·d,)."""
-        self.detector.update(row)
-        plan = epoch_plan(self.epochs, self.detector, self.index)
+        out = round_reading(self.detector, self.epochs, self.rounder, self.index, row, base_grid=self.base_grid)
         self.index += 1
-        zeros = np.zeros(row.size, dtype=np.int64)
-        if not self.rounding or (plan is None and self.static == "raw"):
+        if not self.rounding:  # the no-rounding ablation: every dimension keeps its value
+            zeros = np.zeros(row.size, dtype=np.int64)
             return row, np.zeros(row.size, dtype=bool), zeros, zeros
-        if plan is None:  # static == "base_grid" during warm-up: every dimension on the base grid
-            volatile, steps, exponents = np.zeros(row.size, dtype=bool), self.base_step, zeros
-        else:
-            volatile = plan.volatile
-            steps = np.where(volatile, plan.steps, self.base_step)
-            exponents = np.where(volatile, plan.exponents, 0)
-        rounded = volatile | (self.static == "base_grid")
-        grid_index, value = self.rounder.round_in_bounds(row, steps)
-        return (np.where(rounded, value, row), rounded, np.where(rounded, exponents, 0),
-                np.where(rounded, grid_index, 0))
+        return out.values, out.rounded, out.exponents, out.grid_index
 
 
 class MemoizedPipeline:
@@ -255,9 +244,9 @@ class MemoizedPipeline:
     Args:
         lo, hi: declared bounds per dimension (d,).
         epsilon: ε of one (new) report.
-        mechanism: ``"haar"`` (:class:`HaarRecord`), ``"auto"`` (:func:`choose_mechanism` for ``query``), a
-            registry name of a vector mechanism (``"ksampling"``, ``"duchi_md"``), or a mechanism object with
-            ``privatize``/``estimate``/``variance`` and attribute ``d``.
+        mechanism: ``"auto"`` (:func:`choose_mechanism` for ``query``, as a device's ``auto`` stream), a catalogue
+            name of a record mechanism (``"haar"`` — :class:`protocols.pipeline.HaarRecord` —, ``"ksampling"``, ``"duchi_md"``), or a
+            mechanism object with ``privatize``/``estimate``/``variance`` and attribute ``d``.
         mechanism_params: extra constructor parameters for a named mechanism (e.g. ``{"split": 0.3}``).
         window, tau, epoch_length, k_base, eta: the rounding parameters (SPEC §2.1–2.2 defaults).
         memoize: serve repeated keys from the memo table (False: every round is a new report).
@@ -290,17 +279,19 @@ class MemoizedPipeline:
         self.d = self.lo.size
         params = dict(mechanism_params or {})
         if isinstance(mechanism, str):
-            if mechanism == "haar":
-                self.mechanism = HaarRecord(epsilon, self.d, **params)
-            elif mechanism == "auto":
+            if mechanism == "auto":  # the device's ``auto`` (edge_agent.plans): the same chooser, the same winner
                 if params:
                     raise ValueError("mechanism 'auto' takes no mechanism_params")
-                self.mechanism = choose_mechanism(epsilon, self.d, query).mechanism
+                name, _, self.mechanism = choose_mechanism(epsilon, self.d, query).deployed()
             else:
+                name = mechanism
                 self.mechanism = catalogue.build(mechanism, epsilon=epsilon, d=self.d, **params)
+            # a scalar mechanism (auto's winner for d = 1) takes records of one value
+            width = 1 if catalogue.entry(name).family is catalogue.Family.NUMERIC else self.mechanism.d
         else:
             self.mechanism = mechanism
-        if getattr(self.mechanism, "d", None) != self.d:
+            width = getattr(self.mechanism, "d", None)
+        if width != self.d:
             raise ValueError(f"the mechanism must take records of {self.d} dimensions")
         self.epsilon = float(self.mechanism.epsilon)
         # validated by the rounding objects on first use; checked here for early errors
@@ -345,7 +336,7 @@ class MemoizedPipeline:
         steps = _FleetSteps(self, n, u)
         if hist is not None:
             for h in range(hist.shape[1]):
-                steps.observe(np.clip(hist[:, h, :], self.lo, self.hi).reshape(-1))
+                steps.observe(clip(hist[:, h, :], self.lo, self.hi).reshape(-1))
         return steps
 
     def trace(self, records: Any, u: Any, *, history: Any = None) -> FleetTrace:
@@ -355,7 +346,7 @@ class MemoizedPipeline:
         x, hist, u_arr = self._inputs(records, history, u, None)
         n, tau, d = x.shape
         steps = self._steps(n, u_arr, hist)
-        xc = np.clip(x, self.lo, self.hi)
+        xc = clip(x, self.lo, self.hi)
         out = [np.empty((n, tau, d)), np.empty((n, tau, d), dtype=bool), np.empty((n, tau, d), dtype=np.int64),
                np.empty((n, tau, d), dtype=np.int64)]
         for r in range(tau):
@@ -384,7 +375,7 @@ class MemoizedPipeline:
         x, hist, u_arr = self._inputs(records, history, u, rng)
         n, tau, d = x.shape
         steps = self._steps(n, u_arr, hist)
-        xc = np.clip(x, self.lo, self.hi)
+        xc = clip(x, self.lo, self.hi)
         clipped = int(np.count_nonzero(xc != x))
         t = np.empty_like(x)
         h1 = np.empty((n, tau), dtype=np.uint64)

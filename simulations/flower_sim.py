@@ -345,11 +345,12 @@ class ShardHost:
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-#: memory of a device whose database stays open: the SQLite connection (page cache, schema, prepared statements,
-#: ~0.28 MiB resident) plus its write-ahead log and WAL index on tmpfs (~0.33 MiB after two rounds); measured
+#: the memory budgeted (a planning parameter, not a measurement) per device whose database stays open: its SQLite
+#: connection (page cache, schema, prepared statements) plus its write-ahead log and WAL index on tmpfs; the bench
+#: (`make bench`, section *flower*) reports the hosts' measured peak RSS against it
 OPEN_DEVICE_BYTES = 640 * 1024
-#: memory of a device whose database is closed between rounds: the agent (pipeline, plans, ~15 KiB resident) plus
-#: its checkpointed database file on tmpfs (~70 KiB); measured
+#: the memory budgeted per device whose database is closed between rounds: the agent (pipeline, plans) plus its
+#: checkpointed database file on tmpfs (a planning parameter, as :data:`OPEN_DEVICE_BYTES`)
 CLOSED_DEVICE_BYTES = 96 * 1024
 #: Ray, Flower's actors, the coordinator and its store
 SIM_OVERHEAD_BYTES = 3 << 30

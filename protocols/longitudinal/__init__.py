@@ -27,7 +27,7 @@ from protocols.longitudinal.dbitflip import DBitFlipPM, DBitReports
 from protocols.longitudinal.ddrm import DDRM, CategoricalDDRM
 from protocols.longitudinal.grr import LGRR
 from protocols.longitudinal.loloha import LOLOHA, optimal_g
-from protocols.longitudinal.memo import LongitudinalReport, MemoTable, encode_value, memo_key, prr_generator
+from protocols.longitudinal.memo import LongitudinalReport, MemoTable, encode_value, prr_generator
 from protocols.longitudinal.onebit import OneBitMeanMemo, alpha_round_index
 from protocols.longitudinal.rappor import RAPPOR, RapporReports
 from protocols.longitudinal.transcript import TranscriptMechanism
@@ -60,7 +60,6 @@ __all__ = [
     "encode_value",
     "grr_chain",
     "grr_irr_epsilon",
-    "memo_key",
     "optimal_g",
     "osue_chain",
     "protocol_from_params",

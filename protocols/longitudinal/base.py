@@ -51,12 +51,11 @@ from protocols.longitudinal.memo import (
     LongitudinalReport,
     MemoStyle,
     MemoTable,
-    check_secret,
     encode_value,
-    memo_key,
     new_secret,
     prr_generator,
 )
+from protocols.memo_key import check_secret, slot_key
 from protocols.longitudinal.prf import draw_keys
 
 __all__ = [
@@ -460,7 +459,7 @@ class MemoizedClient(LongitudinalClient):
         """Privatize one value: PRR from the memo (charged ε∞ if new), then a fresh IRR."""
         slot = self._slot(value)
         slot_bytes = encode_value(slot)
-        key = memo_key(self.secret, self._hmac_stream, slot_bytes)
+        key = slot_key(self.secret, self._hmac_stream, slot_bytes)
         is_new = key not in self.memo
         if self.memo_style == "stateless":
             prr = self._draw_prr(slot, prr_generator(self.secret, self._hmac_stream, slot_bytes))

@@ -14,16 +14,15 @@ Two memoization styles are supported:
                  memoization without storing the PRR). The device still records which memo keys it has already
                  been charged for (keys are HMACs, never raw values).
 ``"table"``      the PRR is drawn from the device's OS-entropy generator the first time and stored in a table
-                 keyed by ``memo_key(secret, stream, slot)`` (raw values are never stored, only HMACs).
+                 keyed by ``slot_key(secret, stream, slot)`` (raw values are never stored, only HMACs).
 
 Memo keys and PRR seeds use distinct HMAC domains, so a memo key that leaks (e.g. in a ledger entry) does not
-reveal the PRR seed.
+reveal the PRR seed. Both are derived in :mod:`protocols.memo_key` (:func:`~protocols.memo_key.slot_key`,
+:func:`~protocols.memo_key.prr_seed`), the home of every key a device derives from its secret.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import secrets
 import struct
@@ -33,43 +32,25 @@ from typing import Any, Literal
 
 import numpy as np
 
+from protocols.memo_key import prr_seed
+
 __all__ = [
     "MemoStyle",
     "MEMO_STYLES",
     "LongitudinalReport",
     "MemoTable",
     "encode_value",
-    "memo_key",
-    "prr_seed",
     "prr_generator",
     "new_secret",
-    "check_secret",
 ]
 
 MemoStyle = Literal["stateless", "table"]
 MEMO_STYLES: tuple[str, ...] = ("stateless", "table")
 
-_KEY_DOMAIN = b"haarvest/memo-key/v1\x00"
-_PRR_DOMAIN = b"haarvest/prr-seed/v1\x00"
-
 
 def new_secret() -> bytes:
     """A fresh 256-bit device secret from the OS CSPRNG."""
     return secrets.token_bytes(32)
-
-
-def check_secret(secret: Any) -> bytes:
-    """Validate a device secret: bytes (or hex string) of at least 16 bytes."""
-    if isinstance(secret, str):
-        try:
-            secret = bytes.fromhex(secret)
-        except ValueError:
-            raise ValueError("secret given as str must be hexadecimal") from None
-    if not isinstance(secret, (bytes, bytearray)):
-        raise ValueError(f"secret must be bytes, got {type(secret).__name__}")
-    if len(secret) < 16:
-        raise ValueError(f"secret must be at least 16 bytes, got {len(secret)}")
-    return bytes(secret)
 
 
 def encode_value(value: Any) -> bytes:
@@ -93,23 +74,6 @@ def encode_value(value: Any) -> bytes:
         parts = [encode_value(v) for v in value]
         return b"t:" + b"".join(struct.pack(">I", len(p)) + p for p in parts)
     raise ValueError(f"cannot encode memo value of type {type(value).__name__}")
-
-
-def _hmac(secret: bytes, domain: bytes, stream: str, value_bytes: bytes) -> bytes:
-    if not isinstance(stream, str) or "\x00" in stream:
-        raise ValueError("stream must be a str without NUL characters")
-    msg = domain + stream.encode("utf-8") + b"\x00" + bytes(value_bytes)
-    return hmac.new(check_secret(secret), msg, hashlib.sha256).digest()
-
-
-def memo_key(secret: bytes, stream: str, value_bytes: bytes) -> str:
-    """Hex ``HMAC-SHA256(secret, "memo-key" ‖ stream ‖ 0x00 ‖ value_bytes)``: the memo table key of a slot."""
-    return _hmac(secret, _KEY_DOMAIN, stream, value_bytes).hex()
-
-
-def prr_seed(secret: bytes, stream: str, value_bytes: bytes) -> int:
-    """256-bit integer ``HMAC-SHA256(secret, "prr-seed" ‖ stream ‖ 0x00 ‖ value_bytes)`` (stateless PRR)."""
-    return int.from_bytes(_hmac(secret, _PRR_DOMAIN, stream, value_bytes), "big")
 
 
 def prr_generator(secret: bytes, stream: str, value_bytes: bytes) -> np.random.Generator:

@@ -38,7 +38,7 @@ mix, which is what the exact-expectation tests use.)
   cohort (always so for h = 1). :meth:`RAPPOR.design_rank` tells which case applies.
 * ``method="nnls"``: the same least-squares fit constrained to π ≥ 0 (scipy.optimize.nnls on the K × K square
   root of G). Consistent (it converges to π as N grows with the design identifiable) and non-negative, but biased:
-  clipping the many near-zero candidates at 0 pushes the total above 1 (Σ π̂ of 2–7 has been measured at k ≈ 1,300).
+  clipping the many near-zero candidates at 0 pushes the total above 1, the more so the more candidates.
 """
 
 from __future__ import annotations

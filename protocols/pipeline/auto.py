@@ -75,6 +75,16 @@ class MechanismChoice:
     variances: dict[str, float]
     metric: str
 
+    def deployed(self) -> tuple[str, dict[str, Any], Any]:
+        """``(name, params, mechanism)`` a stream runs and states for this choice — the device's ``auto`` streams
+        (:mod:`edge_agent.plans`) and the fleet simulator's ``auto``: the winner, except that k-sampling of d = 1
+        coordinate is its base mechanism itself (sampling one coordinate of one, SPEC §3.6), run and named as that
+        base (``hybrid``)."""
+        if self.name == "ksampling" and int(self.mechanism.d) == 1:
+            name, params = str(self.params.get("base", "hybrid")), {"epsilon": float(self.params["epsilon"])}
+            return name, params, catalogue.build(name, **params)
+        return self.name, self.params, self.mechanism
+
 
 def _query_ranges(d: int, query: str) -> list[tuple[int, int]]:
     if query == "range":
@@ -159,7 +169,8 @@ def choose_mechanism(epsilon: float, d: int, query: str = "mean", k: int | None 
     """The lowest-variance mechanism for ``query`` on a group of d dimensions with budget ε (module docstring).
 
     ``k`` (domain size of categorical or rounded dimensions) adds the per-dimension frequency oracles; it is
-    required for ``query="frequency"``, where the numeric candidates do not apply.
+    required for ``query="frequency"``, where the numeric candidates do not apply. What a stream runs is
+    :meth:`MechanismChoice.deployed`.
     """
     epsilon = check_epsilon(epsilon)
     d = check_int(d, "d", minimum=1)

@@ -62,7 +62,7 @@ from protocols.haar import (
     haar_synthesis_matrix,
     padded_size,
 )
-from protocols.numeric import PDP, DuchiMultiDim, KSampling
+from protocols.numeric import KSampling
 from protocols.numeric._common import check_rng
 
 from ._variance import QuadraticModel, ksampling_cross, quadratic_coefficients
@@ -139,9 +139,8 @@ def _make_mean(name: str, epsilon: float) -> NumericMechanism:
 
 
 def _make_detail(name: str, epsilon: float, P: int) -> Any:
-    if name == "ksampling":
-        return KSampling(epsilon, P, base="hybrid")
-    return DuchiMultiDim(epsilon, P)
+    """The detail mechanism over the P = D - 1 detail coefficients (k-sampling with its default base, HM)."""
+    return catalogue.build(name, epsilon=epsilon, d=P)
 
 
 def _detail_cross(detail: Any) -> float:
@@ -416,18 +415,3 @@ class HaarRecord(NumericMechanism):
     def _require_discrete(self) -> None:
         if self.mean_mechanism != "duchi" or self.detail_mechanism != "duchi_md":
             raise ValueError("exact output distributions exist only for mean_mechanism='duchi', detail_mechanism='duchi_md'")
-
-    # ----------------------------------------------------------------- wire / coordinator helpers
-    def mean_spec(self) -> dict[str, Any]:
-        """``{"mechanism", "params"}`` of the mean mechanism, for ``protocols.catalogue.build``."""
-        params: dict[str, Any] = {"epsilon": self.epsilon_mean}
-        if isinstance(self.mean, PDP):
-            params["width"] = self.mean.width
-        return {"mechanism": self.mean_mechanism, "params": params}
-
-    def detail_spec(self) -> dict[str, Any]:
-        """``{"mechanism", "params"}`` of the detail mechanism (over D-1 coordinates)."""
-        params: dict[str, Any] = {"epsilon": self.epsilon_detail, "d": self.D - 1}
-        if self.detail_mechanism == "ksampling":
-            params["base"] = "hybrid"
-        return {"mechanism": self.detail_mechanism, "params": params}

@@ -36,6 +36,20 @@ def rss_kib() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+def _thread_stack_text() -> str:
+    """The virtual stack a new thread gets here: ``threading.stack_size()`` when set, else (glibc) the soft
+    ``RLIMIT_STACK``."""
+    size = threading.stack_size()
+    if not size:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+        if soft == resource.RLIM_INFINITY or soft <= 0:
+            return "the platform's default"
+        size = soft
+    return f"{size / 2**20:.0f} MiB"
+
+
 def _filesystem(path: Path) -> str:
     best, fstype = "", "?"
     try:
@@ -136,7 +150,7 @@ def run(quick: bool = False) -> str:
             f"| per additional embedded agent | {per_agent / 1024:.2f} |",
             "",
             f"Threads with {fleet + 1} offline agents open: {threads} (agents add no threads; each MQTT agent adds one",
-            "paho network thread, ~8 MiB of virtual stack but little resident memory).",
+            f"paho network thread, {_thread_stack_text()} of virtual stack but little resident memory).",
             "",
         ]
     finally:

@@ -34,7 +34,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from coordinator.rounds import RoundManager
-from protocols.contract import parse_round_params
+from protocols.contract import make_body, parse_round_params
 from coordinator.simfleet import SimFleet
 from coordinator.store import SQLiteStore
 from protocols import wire
@@ -84,7 +84,7 @@ def _params() -> dict:
 
 def _reports(fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
     spec = parse_round_params(_params()).streams[STREAMS[0]]
-    body = {"report": -float(spec.build().bound)}  # a Duchi report at ε = 0.25 (−B), full double precision
+    body = make_body(-float(spec.build().bound))  # a Duchi report at ε = 0.25 (−B), full double precision
     return [dev.report(round_id, s, "duchi", body) for s in STREAMS for dev in fleet.devices]
 
 

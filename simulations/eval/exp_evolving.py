@@ -19,7 +19,7 @@ import numpy as np
 from protocols.frequency import clip_normalise
 from protocols.longitudinal import RAPPOR, OneBitMeanMemo
 from protocols.numeric import Hybrid
-from simulations.datasets import SYN_K, adult_with_syn, load_adult
+from simulations.datasets import SYN_K, adult_with_syn, load_adult, normalise_codes
 from simulations.eval.common import EvalConfig, Figure, Panel, Section, Stat, Table, best_of, fmt_float, panel_plot
 from simulations.eval.common import progress, series_of, summarise
 from simulations.eval.longitudinal import IRR_FRACTION, frequency_protocols, peer_protocols
@@ -38,6 +38,8 @@ QUICK_PEER_EPSILONS = (1.0,)
 QUICK_PEER_USERS = 200
 ONEBIT_CELLS = 16
 HISTORY = 16  # rounds that fill the pipeline's volatility window (W = 16) before the evaluated rounds
+#: Syn's domain size as :func:`simulations.datasets.normalise_codes` takes it (codes → [-1, 1])
+SYN_SIZES = np.array([SYN_K])
 #: The histogram-implied means shown in the plot (the others are in the table; they are far worse).
 MEAN_PLOTTED = ("OLOLOHA (Σ v·f̂_v)", "dBitFlipPM (b=k, d=k) (Σ v·f̂_v)")
 ONEBIT_LABEL = "α-rounding + memoization (1BitMean, Ding et al.)"
@@ -48,10 +50,6 @@ PIPELINES = {
     "thesis pipeline: α-rounding + memo + auto (Adult+Syn, d = 16)": ("auto", True),
     "thesis pipeline: α-rounding + memo + auto (Syn alone, d = 1)": ("auto", False),
 }
-
-
-def _normalise_values(v: np.ndarray) -> np.ndarray:
-    return 2.0 * v / (SYN_K - 1) - 1.0
 
 
 #: the α-rounding bias "dominates" the pipeline's mean error where bias² is more than this share of its MSE
@@ -181,7 +179,7 @@ def run(config: EvalConfig) -> Section:
     lo, hi = np.zeros(combined.domain.d), (combined.domain.sizes - 1).astype(float)
     truth_f = np.stack([np.bincount(values[:, t], minlength=SYN_K) / n for t in range(rounds)])
     grid_values = np.arange(SYN_K)
-    truth_mean = _normalise_values(values).mean(axis=0)
+    truth_mean = normalise_codes(values, SYN_SIZES).mean(axis=0)
 
     raw: dict[str, dict[float, Stat]] = {}
     post: dict[str, dict[float, Stat]] = {}
@@ -210,7 +208,7 @@ def run(config: EvalConfig) -> Section:
                     est_post = clip_normalise(est)
                 err_raw.append(np.mean((est - truth_f[t]) ** 2))
                 err_post.append(np.mean((est_post - truth_f[t]) ** 2))
-                err_mean.append((_normalise_values(grid_values) @ est - truth_mean[t]) ** 2)
+                err_mean.append((normalise_codes(grid_values, SYN_SIZES) @ est - truth_mean[t]) ** 2)
             add("raw", label, eps, float(np.mean(err_raw)))
             add("post", label, eps, float(np.mean(err_post)))
             add("mean", f"{label} (Σ v·f̂_v)", eps, float(np.mean(err_mean)))
@@ -233,7 +231,7 @@ def run(config: EvalConfig) -> Section:
             rounding_bias.setdefault(label, []).append(float(bias))
         hm = Hybrid(eps)
         rng = config.rng(NAME, "hm", eps, rep)
-        hm_est = np.array([hm.estimate(hm.privatize(_normalise_values(values[:, t]), rng)) for t in range(rounds)])
+        hm_est = np.array([hm.estimate(hm.privatize(normalise_codes(values[:, t], SYN_SIZES), rng)) for t in range(rounds)])
         add("mean", HM_FRESH, eps, float(np.mean((hm_est - truth_mean) ** 2)))
 
     peer_eps = [e for e in epsilons if e in (QUICK_PEER_EPSILONS if config.quick else PEER_EPSILONS)]

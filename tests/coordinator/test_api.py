@@ -25,9 +25,9 @@ PARAMS = {"streams": {
 def _fill(coord: Coordinator, fleet: SimFleet, round_id: str, rng: np.random.Generator) -> None:
     duchi, grr = catalogue.build("duchi", epsilon=1.0), catalogue.build("grr", epsilon=1.0, k=4)
     rows = []
-    for stream, mech, rep in [("cpu", "duchi", duchi.privatize(rng.uniform(-1, 1, len(fleet)), rng)),
-                              ("app", "grr", grr.privatize(rng.integers(0, 4, len(fleet)), rng))]:
-        rows += [coord.validator.check(t, p) for t, p in fleet.reports(round_id, stream, mech, rep)]
+    for stream, mech, rep, built in [("cpu", "duchi", duchi.privatize(rng.uniform(-1, 1, len(fleet)), rng), duchi),
+                                     ("app", "grr", grr.privatize(rng.integers(0, 4, len(fleet)), rng), grr)]:
+        rows += [coord.validator.check(t, p) for t, p in fleet.reports(round_id, stream, mech, rep, built)]
     coord.store.commit_batch(rows, {})
     coord.validator.batch_committed()
 

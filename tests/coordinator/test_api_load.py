@@ -61,8 +61,9 @@ def _drain(coord: Coordinator, fleet: SimFleet, round_id: str, port: int, rng: n
     """Queue one report per device and stream at the broker with ingest stopped, then start ingest (and the readers)
     and time the drain from the first to the last stored report (reports/s)."""
     coord.ingest.stop()
+    hybrid = catalogue.build("hybrid", epsilon=0.1)
     msgs = [m for s in range(N_STREAMS) for m in fleet.reports(
-        round_id, f"s{s}", "hybrid", catalogue.build("hybrid", epsilon=0.1).privatize(rng.uniform(-1, 1, len(fleet)), rng))]
+        round_id, f"s{s}", "hybrid", hybrid.privatize(rng.uniform(-1, 1, len(fleet)), rng), hybrid)]
     pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="load-publisher", protocol=mqtt.MQTTv5)
     pub.max_inflight_messages_set(1000)
     pub.connect("127.0.0.1", port)

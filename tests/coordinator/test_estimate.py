@@ -51,7 +51,8 @@ def _device_rows(rng: np.random.Generator) -> tuple[dict, dict]:
     hm = catalogue.build("hybrid", epsilon=1.0)
     hd = catalogue.build("ksampling", epsilon=2.0, d=padded_size(HAAR_D) - 1)
     m_rep, c_rep = hm.privatize(m, rng), hd.privatize(c, rng)
-    rows["rec"] = [{"mean": catalogue.row_to_json(a), "detail": catalogue.row_to_json(b)} for a, b in zip(m_rep, c_rep)]
+    rows["rec"] = np.concatenate([m_rep[:, None], c_rep], axis=1)  # the HaarRecord's rows, from its two parts
+    rows = {k: [spec[k].entry.encode_row(spec[k].build(), r) for r in v] for k, v in rows.items()}  # the wire codec
     truth = {"cpu": [cpu.mean()], "mem": mem.mean(axis=0), "rec": rec.mean(axis=0),
              "app": np.bincount(app, minlength=6) / N_DEV}
     return rows, truth
@@ -70,7 +71,7 @@ def test_truth_inside_confidence_intervals(tmp_path):
     for stream, mech_rows in rows.items():
         mech = "haar" if stream == "rec" else PARAMS["streams"][stream]["mechanism"]
         for dev, row in zip(fleet.devices, mech_rows):
-            body = make_body(row if isinstance(row, dict) else catalogue.row_to_json(row))
+            body = make_body(row)
             accepted.append(validator.check(*dev.report("r1", stream, mech, body)))
     assert store.commit_batch(accepted, {}) == 4 * N_DEV
 

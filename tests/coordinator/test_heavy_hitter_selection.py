@@ -81,7 +81,8 @@ def test_estimate_lists_heavy_hitters_and_the_planner_carries_the_options():
     hh = HeavyHitterSpec(bits=6, prefix_bits=0, step_bits=2, candidates=[0], top_k=2)
     spec = StreamSpec.model_validate(_stream(hh))
     oracle = catalogue.build("oue", epsilon=3.0, k=hh.k)
-    est = estimate_stream(spec, catalogue.row_to_json(oracle.privatize(heavy_hitter_items(hh, values), rng)))
+    est = estimate_stream(spec, [spec.entry.encode_row(oracle, r)
+                                 for r in oracle.privatize(heavy_hitter_items(hh, values), rng)])
     assert [h["prefix"] for h in est.heavy_hitters] == [0b10, 0b11]
     assert est.heavy_hitters[0]["label"] == "10" and est.heavy_hitters[0]["bits"] == 2
     assert est.to_dict()["heavy_hitters"] == est.heavy_hitters

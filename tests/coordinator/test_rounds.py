@@ -39,7 +39,7 @@ def test_heavy_hitters_over_rounds():
         oracle = catalogue.build("oue", epsilon=3.0, k=spec.k)
         stream = StreamSpec(kind="frequency", mechanism="oue", params={"epsilon": 3.0, "k": spec.k}, dims=["v"],
                             heavy_hitters=spec)
-        est = estimate_stream(stream, catalogue.row_to_json(oracle.privatize(items, rng)))
+        est = estimate_stream(stream, [stream.entry.encode_row(oracle, r) for r in oracle.privatize(items, rng)])
         history.append(est)
         nxt = plan_heavy_hitters(spec, est, z=4.0, max_candidates=6)
         if nxt is None:

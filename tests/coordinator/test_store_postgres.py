@@ -17,7 +17,7 @@ from coordinator.rounds import RoundManager
 from coordinator.simfleet import SimFleet
 from coordinator.store import PostgresStore, open_store
 from coordinator.validate import Validator
-from protocols import wire
+from protocols import catalogue, wire
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,8 @@ def test_postgres_store_two_workers(postgres_dsn):
     RoundManager(store, wire.generate_signing_key()).open_round("r1", 1.0, PARAMS)
     other = PostgresStore(postgres_dsn)  # a second worker with its own connection and validator
     v1, v2 = Validator(store), Validator(other)
-    reports = fleet.reports("r1", "cpu", "duchi", [2.16 if i % 2 else -2.16 for i in range(20)])
+    reports = fleet.reports("r1", "cpu", "duchi", [2.16 if i % 2 else -2.16 for i in range(20)],
+                            catalogue.build("duchi", epsilon=1.0))
     # both workers receive the first 10 (a race): rows are stored once
     assert store.commit_batch([v1.check(t, p) for t, p in reports[:10]], {}) == 10
     assert other.commit_batch([v2.check(t, p) for t, p in reports[:10]], {"malformed": 2}) == 0
@@ -137,7 +138,8 @@ def test_postgres_two_workers_keep_aggregates_that_merge_and_never_double_count(
     RoundManager(workers[0], wire.generate_signing_key()).open_round("agg", 1.0, PARAMS)
     validators = [Validator(w) for w in workers]
     rng = np.random.default_rng(3)
-    reports = fleet.reports("agg", "cpu", "duchi", list(np.where(rng.random(60) < 0.3, 2.16, -2.16)))
+    reports = fleet.reports("agg", "cpu", "duchi", list(np.where(rng.random(60) < 0.3, 2.16, -2.16)),
+                            catalogue.build("duchi", epsilon=1.0))
     batches = [reports[:40], reports[20:]]  # 20 reports reach both workers
 
     def ingest(i: int) -> None:

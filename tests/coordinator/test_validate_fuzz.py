@@ -19,8 +19,9 @@ from coordinator.rounds import RoundManager
 from coordinator.service import Coordinator, CoordinatorConfig
 from coordinator.simfleet import SimFleet
 from coordinator.store import SQLiteStore
-from coordinator.validate import REASONS, Validator
+from coordinator.validate import Validator
 from protocols import wire
+from protocols.errors import RejectReason
 
 pytestmark = pytest.mark.fuzz
 
@@ -149,7 +150,7 @@ def test_ten_thousand_hostile_messages_in_process(world):
     elapsed = time.perf_counter() - t0
     store.commit_batch([], dict(reasons))
     assert sum(reasons.values()) == N_FUZZ
-    assert set(reasons) <= set(REASONS), reasons
+    assert set(reasons) <= set(RejectReason), reasons
     assert by_category["replayed"] == Counter({"duplicate": by_category["replayed"].total()})
     assert set(by_category["wrong_topic"]) <= {"wrong_topic", "device_mismatch"}
     assert set(by_category["wrong_round"]) <= {"unknown_round", "round_closed", "wrong_stream", "wrong_mechanism",

@@ -9,7 +9,8 @@ import pytest
 from edge_agent.agent import Agent
 from edge_agent.config import Secrets
 from edge_agent.embed import categorical, new_identity, numeric, simple_config
-from edge_agent.pipeline import Pipeline, memo_key
+from edge_agent.pipeline import Pipeline
+from protocols.memo_key import record_key as memo_key
 from edge_agent.sources import CallableSource, IterableSource
 from protocols import wire
 from tests.edge_agent.signed_rounds import HYBRID_LOAD, round_config

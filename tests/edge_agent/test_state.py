@@ -58,8 +58,8 @@ def test_caps_refuse_and_write_nothing(tmp_path):
         (hit,) = _commit(st, [_req(key="0", cap=2.5)])  # a memo hit costs nothing: still allowed
         assert hit.memo_hit and hit.charged == 0
         assert st.counters()["refused_stream_cap"] == 2 and st.counters()["refused_total_cap"] == 1
-        with pytest.raises(Refused, match="stream_cap"):
-            st.commit_report(total_cap=100, renewal_period_s=None, max_pending=10, **vars(_req(key="9", cap=2.5)))
+        (r,) = _commit(st, [_req(key="9", cap=2.5)], total=100, max_pending=10)
+        assert isinstance(r, Refused) and r.reason == "stream_cap"
         assert st.check_invariants()["ok"]
 
 
@@ -218,3 +218,37 @@ def test_version_1_state_database_is_migrated_in_place(tmp_path):
         assert int(st._get("schema_version")) == SCHEMA_VERSION == 3
     with State(path) as st:  # idempotent
         assert len(list(st.ledger_rows())) == 1
+
+
+def test_the_device_ledger_and_the_accountant_agree(tmp_path):
+    """One ledger: the same charges through the device's State and protocols.accounting.Accountant — memo hits
+    free, stream, total and δ caps — are admitted or refused alike, with the same reasons and the same totals."""
+    from protocols.accounting import Accountant, BudgetExceededError
+
+    caps, total, delta_cap = {"a": 2.5, "b": 10.0}, 4.0, 2e-5
+    charges = [("a", "k1", 1.0, 0.0), ("a", "k1", 1.0, 0.0), ("a", "k2", 1.0, 0.0),
+               ("a", "k3", 1.0, 0.0),  # stream cap
+               ("b", "g1", 0.5, 1e-5), ("b", "g2", 0.5, 1e-5),
+               ("b", "g3", 0.5, 1e-5),  # δ cap
+               ("b", "k1", 1.0, 0.0), ("b", "k5", 0.5, 0.0),  # total cap
+               ("a", "k1", 1.0, 0.0)]  # a memo hit is free whatever is spent
+    acc = Accountant(total_cap=total, delta_cap=delta_cap)
+    for stream, cap in caps.items():
+        acc.set_cap(stream, cap)
+    device, accountant = [], []
+    with State(tmp_path / "s.db") as st:
+        for stream, key, eps, delta in charges:
+            req = ReportRequest(stream=stream, round_id="r", memo_key=f"{stream}/{key}", spec="{}", mechanism="m",
+                                epsilon=eps, stream_cap=caps[stream], make_body=lambda: {"report": 1.0},
+                                make_payload=lambda seq, body: ("t/x", b"{}"), delta=delta)
+            (r,) = st.commit_reports([req], total_cap=total, renewal_period_s=None, max_pending=100,
+                                     delta_cap=delta_cap)
+            device.append(r.reason if isinstance(r, Refused) else ("hit" if r.memo_hit else r.charged))
+            try:
+                charged = acc.charge_memo(stream, f"{stream}/{key}", eps, "m", delta)
+                accountant.append(eps if charged else "hit")
+            except BudgetExceededError as exc:
+                accountant.append(exc.reason)
+        assert device == accountant == [1.0, "hit", 1.0, "stream_cap", 0.5, 0.5, "delta_cap", 1.0, "total_cap", "hit"]
+        assert (st.spent(), st.spent_delta()) == pytest.approx(acc.basic())
+        assert st.spent_by_stream() == pytest.approx({s: acc.basic(s)[0] for s in caps})

@@ -228,3 +228,30 @@ def test_epoch_validation():
         epochs.plan(-1, [0.0, 0.0])
     with pytest.raises(ValueError, match="expected 2 scores"):
         epochs.plan(0, [0.0])
+
+
+def test_round_reading_of_many_dimensions_is_each_dimension_alone(rng):
+    """The fleet simulator calls round_reading on n·d dimensions at once, a device on one: the same numbers."""
+    from protocols.rounding import round_reading
+
+    lo, hi, u = np.array([0.0, -5.0, 10.0]), np.array([100.0, 5.0, 20.0]), rng.random(3)
+    x = np.clip(np.cumsum(rng.normal(0, 2.0, (40, 3)), axis=0) + [50.0, 0.0, 15.0], lo, hi)
+
+    def objects(j):
+        sl = slice(None) if j is None else slice(j, j + 1)
+        return (VolatilityDetector(lo[sl], hi[sl], window=4), EpochSteps(lo[sl], hi[sl], epoch_length=6),
+                AlphaRounder(lo[sl], hi[sl], u[sl]))
+
+    together = objects(None)
+    alone = [objects(j) for j in range(3)]
+    seen_rounded = False
+    for i, row in enumerate(x):
+        out = round_reading(*together, i, row)
+        for j in range(3):
+            one = round_reading(*alone[j], i, row[j:j + 1])
+            for a, b in ((out.values, one.values), (out.rounded, one.rounded), (out.exponents, one.exponents),
+                         (out.grid_index, one.grid_index)):
+                assert a[j] == b[0]
+        seen_rounded |= bool(out.rounded.any())
+        assert np.all(out.values[~out.rounded] == row[~out.rounded])
+    assert seen_rounded

@@ -16,7 +16,7 @@ from edge_agent.agent import Agent
 from edge_agent.config import Secrets
 from edge_agent.embed import new_identity, numeric, simple_config
 from edge_agent.sources import IterableSource
-from protocols.memo_key import memo_key
+from protocols.memo_key import record_key
 from simulations.fleet_pipeline import FleetRun, FleetTrace, MemoizedPipeline
 
 NAMES = ("a", "b", "c")
@@ -83,7 +83,7 @@ def _check_device(agent: Agent, secret: bytes, i: int, trace: FleetTrace, run: F
         assert [rec.normalised[name] for name in NAMES] == trace.normalised[i, r].tolist(), where
         canonical = trace.canonical(i, r)
         assert [rec.canonical[name] for name in NAMES] == canonical, where
-        keys.append(memo_key(secret, STREAM, spec, canonical))
+        keys.append(record_key(secret, STREAM, spec, canonical))
         assert commit.memo_hit == (not run.new_key[i, r]), where
         assert commit.charged == run.charged[i, r], where
     # the device's own memo keys (its ledger has one row per charged report) are the simulator's canonical values'

@@ -20,7 +20,7 @@ from edge_agent.pipeline import Pipeline
 from edge_agent.sources import CallableSource
 from protocols import wire
 from protocols.longitudinal import LOLOHA
-from protocols.longitudinal import memo_key as protocol_memo_key
+from protocols.memo_key import slot_key as protocol_memo_key
 from protocols.longitudinal.memo import encode_value
 from tests.edge_agent.signed_rounds import CONTRACT_DIMS as DIMS, CONTRACT_STREAMS as STREAMS
 
@@ -198,12 +198,13 @@ def test_round_mechanism_within_budget_for_haar_and_longitudinal(tmp_path):
     a.close()
 
 
-def test_pipeline_round_plan_shim_keeps_the_old_signature(tmp_path):
+def test_pipeline_plan_for_another_mechanism_of_the_stream(tmp_path):
     p = Pipeline(_cfg(0, tmp_path), bytes(32))
-    plan = p.round_plan("load", "piecewise", {"epsilon": 0.5})
+    own = p.streams["load"].stream_spec()
+    plan = p.plan_for("load", {**own, "mechanism": "piecewise", "params": {"epsilon": 0.5}})
     assert plan.mechanism_name == "piecewise" and plan.epsilon == 0.5
     with pytest.raises(ValueError):
-        p.round_plan("load", "hybrid", {"epsilon": 5.0})
+        p.plan_for("load", {**own, "mechanism": "hybrid", "params": {"epsilon": 5.0}})
     assert json.loads(plan.spec) == {"mechanism": "piecewise", "params": {"epsilon": 0.5}}
 
 

@@ -19,10 +19,10 @@ from protocols.longitudinal import (
     OneBitMeanMemo,
     client_from_state,
     encode_value,
-    memo_key,
     prr_generator,
 )
-from protocols.longitudinal.memo import check_secret, prr_seed
+from protocols.memo_key import check_secret, prr_seed
+from protocols.memo_key import slot_key as memo_key
 from protocols.longitudinal.prf import draw_keys, prf_uniform, splitmix64
 
 SECRET = bytes(range(32))

@@ -263,8 +263,9 @@ def test_wire_and_component_specs_rebuild_the_same_estimator(rng):
     assert set(bodies[0]) == {"report"} and set(bodies[0]["report"]) == {"mean", "detail"}
     rows = [wire_roundtrip(b)["report"] for b in bodies]
     np.testing.assert_array_equal(codec.decode_rows(mech, rows), reports)
-    mean_mech = catalogue.build(mech.mean_spec()["mechanism"], **mech.mean_spec()["params"])
-    detail_mech = catalogue.build(mech.detail_spec()["mechanism"], **mech.detail_spec()["params"])
+    # the component form (protocols.contract.haar_params_from_components): mean and detail mechanisms by name and ε
+    mean_mech = catalogue.build(mech.mean_mechanism, epsilon=mech.epsilon_mean)
+    detail_mech = catalogue.build(mech.detail_mechanism, epsilon=mech.epsilon_detail, d=mech.D - 1)
     m_hat, c_hat = mech.coefficients(reports)
     assert mean_mech.estimate(reports[:, 0]) == pytest.approx(m_hat, rel=1e-12)
     np.testing.assert_allclose(detail_mech.estimate(reports[:, 1:]), c_hat, rtol=1e-12)
