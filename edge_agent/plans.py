@@ -35,7 +35,7 @@ from typing import Any
 
 from protocols import catalogue, wire
 from protocols.catalogue import Family, Role
-from protocols.contract import HeavyHitterSpec, StreamSpec
+from protocols.contract import DISTRIBUTION_AUTO, HeavyHitterSpec, StreamSpec
 from protocols.errors import ConfigError
 
 from .config import AgentConfig, DimensionConfig, StreamConfig
@@ -43,8 +43,6 @@ from .config import AgentConfig, DimensionConfig, StreamConfig
 __all__ = ["StreamPlan", "privacy_statement", "choose_mechanism", "build_stream_plan", "stream_specs",
            "DISTRIBUTION_AUTO", "DEFAULT_BUCKETS"]
 
-#: ``StreamConfig.mechanism`` asking for ``auto`` among the distribution mechanisms.
-DISTRIBUTION_AUTO = "distribution_auto"
 #: Buckets of a distribution stream's grid when ``params.D`` is not given.
 DEFAULT_BUCKETS = 64
 
