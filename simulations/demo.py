@@ -447,8 +447,27 @@ def _quantile_rows(rid: str, stream: str, est: Any, truth: list[float], level: f
         lo, hi = (float("nan") if e[k] is None else float(e[k]) for k in ("low", "high"))
         out.append({"round": rid, "stream": stream, "kind": est.kind, "item": f"p{100 * q:g}", "unit": unit,
                     "n": est.n, "true": t, "estimate": float(e["value"]), "ci_low": lo, "ci_high": hi,
-                    "stderr": None, "inside": bool(lo - 1e-9 <= t <= hi + 1e-9), "level": level})
+                    "stderr": None, "inside": bool(lo - 1e-9 <= t <= hi + 1e-9), "level": level,
+                    "top_bucket": est.edges[-2:]})
     return out
+
+
+def bound_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per quantile whose interval reached into the top bucket of its grid in some round — its upper end
+    is then the declared bound: the fleet is too small, at its ε, to bound that quantile from above (docs/demo.md)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == "distribution":
+            groups.setdefault((r["stream"], r["item"]), []).append(r)
+    notes = []
+    for (stream, item), rs in groups.items():
+        reached = sum(r["ci_high"] > r["top_bucket"][0] for r in rs)
+        if reached:
+            unit = f" {rs[0]['unit']}" if rs[0]["unit"] else ""
+            notes.append(f"{stream} {item}: its interval ran into the top bucket (up to the declared "
+                         f"{rs[0]['top_bucket'][1]:g}{unit}) in {reached} of {len(rs)} rounds — {rs[0]['n']} devices "
+                         "cannot bound it from above at this ε; its lower end still holds")
+    return notes
 
 
 def _shown(row: dict[str, Any]) -> bool:
@@ -664,6 +683,8 @@ def _finish(cfg: DemoConfig, result: DemoResult, history: list[tuple[str, dict[s
         log(f"privacy spent per device (ledger, device unit: everything a device released, against any other "
             f"readings): mean ε = {result.spent['mean']:.2f}, max ε = {result.spent['max']:.2f} for "
             f"{int(result.spent['reports_per_device'])} reports ({hits} memo hits)")
+    for note in bound_notes(result.rows):
+        log(note)
     log(memo_note(hits, result.repeated, cfg.agents))
     log(f"report: {result.report_path}   dashboard snapshot: {result.dashboard_path}")
     log(f"done in {result.seconds:.1f} s ({cfg.agents} agents, {len(history)} of {cfg.rounds} rounds)")
@@ -707,6 +728,7 @@ def _write_outputs(cfg: DemoConfig, result: DemoResult, history: list[tuple[str,
             f"{result.seconds:.1f} s. Intervals covering the truth: {100 * result.coverage:.1f}% "
             f"(nominal {100 * cfg.level:.0f}%). Privacy spent per device: mean ε = {result.spent['mean']:.2f}, "
             f"max ε = {result.spent['max']:.2f}. {html.escape(note)}</p>"
+            + "".join(f"<p>{html.escape(b)}.</p>" for b in bound_notes(result.rows)) +
             "<h2>Rounds</h2><table><tr><th>round</th><th>reports</th><th>planned from</th><th>rounding steps</th>"
             f"<th>heavy-hitter step</th></tr>{rounds_html}</table>"
             "<h2>True vs estimated</h2>" + _html_table(result.rows) + "<h2>Charts</h2>"

@@ -61,3 +61,18 @@ def test_latency_quantile_intervals_cover_the_fleets_true_quantiles(tmp_path):
     p95 = np.array(p95)
     assert np.median(p95[:, 2] / p95[:, 0]) > 1.8 and np.all(p95[:, 2] > 1.1 * p95[:, 0])
     assert np.all(p95 < LATENCY_BOUNDS[1])
+
+
+def test_bound_notes_name_the_quantiles_whose_interval_ran_into_the_top_bucket():
+    from simulations.demo import bound_notes
+
+    def row(rid, item, high):
+        return {"round": rid, "stream": "latency", "kind": "distribution", "item": item, "unit": "ms", "n": 200,
+                "ci_high": high, "top_bucket": [968.75, 1000.0]}
+
+    rows = [row("r1", "p50", 80.0), row("r1", "p95", 993.8), row("r2", "p50", 90.0), row("r2", "p95", 600.0),
+            {"kind": "numeric", "ci_high": 5000.0}]
+    assert bound_notes(rows) == ["latency p95: its interval ran into the top bucket (up to the declared 1000 ms) in "
+                                 "1 of 2 rounds — 200 devices cannot bound it from above at this ε; its lower end "
+                                 "still holds"]
+    assert bound_notes(rows[:1]) == []
