@@ -478,6 +478,10 @@ def stream_charts(history: list[tuple[str, dict[str, dict[str, Any]]]],
     return charts
 
 
+#: Most bucket edges labelled on a CDF chart's x axis (more overlap at the chart's width).
+_CDF_LABELS = 8
+
+
 def _cdf_chart(stream: str, rid: str, e: dict[str, Any], truth: list[float] | None) -> str:
     """A distribution stream's consistent CDF at the right bucket edges with its monotone band (the CDF itself where
     the mechanism has no analytic variance); ``truth`` (optional) the true CDF at the same edges."""
@@ -487,8 +491,11 @@ def _cdf_chart(stream: str, rid: str, e: dict[str, Any], truth: list[float] | No
     units = e.get("units") or []
     unit = f" ({units[0]})" if units and units[0] else ""
     qs = ", ".join(f"p{100 * q['q']:g} = {q['value']:.4g}" for q in e.get("quantiles") or [])
+    right = e["edges"][1:]
+    step = max(1, math.ceil(len(right) / _CDF_LABELS))  # every step-th edge labelled, ending at the upper bound
+    labels = [f"{x:.4g}" if (len(right) - 1 - j) % step == 0 else "" for j, x in enumerate(right)]
     return svg_band_chart(f"{stream} — CDF, {rid} (n={e['n']}, {e['mechanism']}){': ' + qs if qs else ''}",
-                          [f"{x:.4g}" for x in e["edges"][1:]], cdf, lo, hi,
+                          labels, cdf, lo, hi,
                           list(truth) if truth is not None and len(truth) == len(cdf) else None,
                           ylabel=f"fraction ≤ value{unit}", level=float(e.get("level", 0.95)))
 

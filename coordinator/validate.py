@@ -10,7 +10,8 @@ Reason codes (``WireError.reason``): ``too_large``, ``malformed``, ``schema`` (f
 ``wrong_topic``, ``device_mismatch``, ``unknown_device``, ``revoked_device``, ``quarantined`` (the device was cut
 off for flooding, :mod:`coordinator.quarantine`; checked before its signature, so it costs no verification),
 ``unsigned``, ``bad_signature``, ``unknown_round``, ``round_closed``, ``off_contract`` (a stream the device's
-enrolment contract does not list, or a mechanism other than the one it was configured with), ``wrong_stream``,
+enrolment contract does not list, or a mechanism other than the one it was configured with — ``auto`` admits
+any, ``distribution_auto`` any distribution mechanism: :meth:`protocols.contract.StreamSpec.admits`), ``wrong_stream``,
 ``wrong_mechanism``, ``bad_body`` (not a row of the round's
 stream mechanism: wrong structure or shape, or outside the mechanism's support — its output bound, the oracle's
 integer range — checked by :class:`coordinator.decode.StreamDecoder`, built once per round and stream), ``replay``
@@ -341,7 +342,7 @@ class Validator:
             raise wire.WireError("wrong_stream", f"round {report.round_id} has no stream {report.stream!r}")
         if report.mechanism != spec.wire_mechanism:
             raise wire.WireError("wrong_mechanism", f"{report.mechanism!r} != {spec.wire_mechanism!r}")
-        if contract is not None and contract[report.stream] not in ("auto", spec.wire_mechanism, str(spec.mechanism)):
+        if contract is not None and not spec.admits(contract[report.stream]):
             raise wire.WireError("off_contract", f"{report.device_id} is enrolled for {report.stream!r} with "
                                                  f"{contract[report.stream]!r}, not {spec.wire_mechanism!r}")
         try:

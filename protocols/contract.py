@@ -76,6 +76,7 @@ from protocols.wire import IDENT
 __all__ = [
     "BODY_KEY",
     "HAAR_MECHANISM",
+    "DISTRIBUTION_AUTO",
     "haar_params_from_components",
     "StreamKind",
     "MechanismSpec",
@@ -95,6 +96,9 @@ __all__ = [
 BODY_KEY = "report"
 #: ``Report.mechanism`` of a Haar-record stream.
 HAAR_MECHANISM = "haar"
+#: A device's configured mechanism meaning "the least-variance distribution mechanism" (edge_agent.plans); in an
+#: enrolment contract it admits any distribution mechanism a round names (:meth:`StreamSpec.admits`).
+DISTRIBUTION_AUTO = "distribution_auto"
 
 
 StreamKind = Literal["numeric", "vector", "frequency", "haar", "longitudinal", "distribution"]
@@ -332,6 +336,17 @@ class StreamSpec(_Model):
     def wire_mechanism(self) -> str:
         """The ``Report.mechanism`` devices send for this stream."""
         return HAAR_MECHANISM if self.kind == "haar" else str(self.mechanism)
+
+    def admits(self, enrolled: str) -> bool:
+        """Whether a device whose enrolment contract lists this stream with mechanism ``enrolled`` may answer it:
+        ``auto`` admits whatever the round names, ``distribution_auto`` any mechanism of a distribution stream (the
+        device's round contract follows the round's distribution mechanism — edge_agent.round_contract), any other
+        name only itself."""
+        if enrolled == "auto":
+            return True
+        if enrolled == DISTRIBUTION_AUTO:
+            return self.kind == "distribution"
+        return enrolled in (self.wire_mechanism, str(self.mechanism))
 
     @property
     def epsilon(self) -> float:

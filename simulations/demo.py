@@ -15,19 +15,25 @@ What runs (``make demo``; docs/demo.md):
    (years, hours per week), education-num as its level 1–16, sex and native-country by name; plus two synthetic
    evolving dimensions: ``load`` (a per-device baseline in %, a population trend of +6 per round and per-round
    noise) and ``app`` (one of 8 named apps, redrawn with probability 0.25 each round from a popularity that drifts
-   towards ``maps``);
+   towards ``maps``); and one volatile, heavy-tailed one, ``latency`` (ms, :meth:`DemoData.latency_model`: a
+   per-device log-normal baseline, fresh log-normal jitter every round and a congestion episode that slows a
+   varying share of the devices several-fold);
 4. R rounds. Round 1 asks for the devices' own stream specs (``Agent.stream_specs()``: bounds and mechanisms are the
    devices') plus a heavy-hitter round on ``country`` (top 2 bits of a 6-bit code). Every later round is planned by
    :meth:`coordinator.rounds.RoundManager.open_next_round` from the earlier rounds' *published aggregates* only
    (SPEC §5, sequential interaction): α-rounding steps from the volatility of the estimated means, and the next
    heavy-hitter prefixes from the significant items of the previous round;
 5. after each round the coordinator's estimates (with confidence intervals) are compared with the truth, which the
-   demo knows because it generated the readings.
+   demo knows because it generated the readings — for ``latency`` the fleet's p50 and p95 (the estimate's
+   quantiles and their intervals, :mod:`coordinator.estimate`) against the true p50 and p95 of the devices'
+   readings that round.
 
 Streams (per device, per round): ``profile`` — the Haar record mechanism (:class:`protocols.pipeline.HaarRecord`,
 ε = 4) over (age, education, hours); ``load`` — HM (ε = 2), α-rounded with the planned steps; ``sex`` — ``auto``
 (ε = 1, GRR); ``country`` — OUE (ε = 2) over the round's heavy-hitter items; ``app`` — LOLOHA (ε∞ = 4, ε1 = 2),
-its memoized PRR re-randomized by a fresh IRR in every report. The devices run the default ``device`` privacy unit
+its memoized PRR re-randomized by a fresh IRR in every report; ``latency`` — a distribution stream
+(``distribution_auto``, ε = 4, D = 32 buckets over [0, 1000] ms: the least-variance mechanism for the CDF). The
+devices run the default ``device`` privacy unit
 (edge_agent.config): every report is a fresh randomization charged its ε (LOLOHA: its IRR's ε for an arbitrary
 input change), so each device's ledger total bounds everything it released against any other readings; nothing is
 served from a memo. The ε are large because a few hundred devices is a tiny population for LDP (interval widths
@@ -77,9 +83,15 @@ COUNTRY_K = 41
 APP_NAMES = ("browser", "mail", "video", "maps", "music", "chat", "camera", "games")
 APP_K = len(APP_NAMES)
 HH_BITS = 6
-#: The most ε a round may ask of a device: profile 4 + load 2 + sex 1 + country 2 + app ε∞ 4 (large: 200 devices is
-#: a tiny population for LDP — interval widths shrink as 1/√n). Under the device unit every report is charged.
-ROUND_EPSILON = 13.0
+#: The ``latency`` distribution stream: declared bounds (ms; slower requests time out at 1 s — the device clips),
+#: buckets of its public grid, and the quantiles the demo compares with the truth.
+LATENCY_BOUNDS = (0.0, 1000.0)
+LATENCY_BUCKETS = 32
+QUANTILES = (0.5, 0.95)
+#: The most ε a round may ask of a device: profile 4 + load 2 + sex 1 + country 2 + app ε∞ 4 + latency 4 (large: 200
+#: devices is a tiny population for LDP — interval widths shrink as 1/√n). Under the device unit every report is
+#: charged.
+ROUND_EPSILON = 17.0
 
 
 @dataclass
@@ -174,16 +186,39 @@ class DemoData:
             fresh = rng.choice(APP_K, size=n, p=pop)
             app[r] = fresh if r == 0 else np.where(rng.random(n) < 0.25, fresh, app[r - 1])
         self.app = app
+        self.latency = self.latency_model(n, rounds, rng)
+
+    #: Share of the devices caught in the congestion episode, round by round (then again from the start).
+    CONGESTED = (0.04, 0.12, 0.22, 0.08)
+
+    @classmethod
+    def latency_model(cls, n: int, rounds: int, rng: np.random.Generator) -> np.ndarray:
+        """(rounds, n) request latencies in ms, a volatile heavy-tailed device metric: device i's baseline
+        ``b_i ~ LogNormal(ln 60, 0.45)`` (its network), times fresh ``LogNormal(0, 0.3)`` jitter every round, times
+        a slow-down ``2.5·(1 + Lomax(2))`` (median ×3.5, a Pareto tail) for a fresh random share of the devices
+        (:data:`CONGESTED`, round by round): the fleet's p95 about doubles as the episode peaks (round 3) and falls
+        back, its p50 moves by a few ms. The few values above the declared 1000 ms are clipped by the devices."""
+        base = np.exp(rng.normal(np.log(60.0), 0.45, n))
+        jitter = np.exp(rng.normal(0.0, 0.3, (rounds, n)))
+        share = np.array([cls.CONGESTED[r % len(cls.CONGESTED)] for r in range(rounds)])[:, None]
+        slow = np.where(rng.random((rounds, n)) < share, 2.5 * (1.0 + rng.pareto(2.0, (rounds, n))), 1.0)
+        return base[None, :] * jitter * slow
 
     def reading(self, i: int, r: int) -> dict[str, Any]:
         s = self.static
         return {"age": float(s["age"][i]), "education": float(s["education"][i]), "hours": float(s["hours"][i]),
                 "sex": int(s["sex"][i]), "country": int(s["country"][i]), "load": float(self.load[r, i]),
-                "app": int(self.app[r, i])}
+                "app": int(self.app[r, i]), "latency": float(self.latency[r, i])}
 
     def truth(self, r: int, spec: Any, stream: str) -> list[float]:
-        """The true value of each estimated quantity of ``stream`` in round r (means in x units, frequencies)."""
+        """The true value of each estimated quantity of ``stream`` in round r (means in x units, frequencies; for
+        ``latency`` the true CDF at the right edges of the round's bucket grid — the fraction of devices in
+        buckets 0..j, what the estimate's ``cdf`` estimates)."""
         from protocols.contract import heavy_hitter_items
+
+        if stream == "latency":
+            grid = spec.grid()
+            return (np.cumsum(np.bincount(grid.bucket(self.latency[r]), minlength=grid.D)) / self.n).tolist()
 
         s = self.static
         if stream == "profile":  # means of the decoded values (years, level, hours per week)
@@ -200,6 +235,13 @@ class DemoData:
             return (np.bincount(items, minlength=int(spec.params["k"])) / self.n).tolist()
         raise KeyError(stream)
 
+    def true_quantiles(self, r: int, qs: tuple[float, ...] = QUANTILES) -> list[float]:
+        """The fleet's true q-quantiles of ``latency`` in round r: ``inf{x : F_n(x) ≥ q}`` of the devices' readings
+        clipped to the declared bounds (as the devices clip; the estimate's quantile is the same generalised
+        inverse, of its CDF, interpolated linearly inside a bucket — :mod:`protocols.distribution.result`)."""
+        x = np.clip(self.latency[r], *LATENCY_BOUNDS)
+        return [float(v) for v in np.quantile(x, qs, method="inverted_cdf")]
+
 
 # ---------------------------------------------------------------------------------------------------- fleet
 
@@ -208,7 +250,8 @@ def _device_config(i: int, run_dir: Path, broker: Any, coord_pub: str) -> Any:
     from edge_agent.embed import categorical, numeric, simple_config
 
     dims = _adult_dimensions() + [numeric("load", 0, 100, units="%"),
-                                  categorical("app", APP_K, categories=list(APP_NAMES))]
+                                  categorical("app", APP_K, categories=list(APP_NAMES)),
+                                  numeric("latency", *LATENCY_BOUNDS, units="ms")]
     streams = [
         {"name": "profile", "dimensions": ["age", "education", "hours"], "mechanism": "haar", "epsilon": 4.0},
         {"name": "load", "dimensions": ["load"], "mechanism": "hybrid", "epsilon": 2.0},
@@ -216,6 +259,8 @@ def _device_config(i: int, run_dir: Path, broker: Any, coord_pub: str) -> Any:
         {"name": "country", "dimensions": ["country"], "mechanism": "oue", "epsilon": 2.0},
         {"name": "app", "dimensions": ["app"], "mechanism": "loloha", "epsilon_1": 2.0, "epsilon_inf": 4.0,
          "params": {"g": "optimal"}},
+        {"name": "latency", "dimensions": ["latency"], "mechanism": "distribution_auto", "epsilon": 4.0,
+         "params": {"D": LATENCY_BUCKETS}},
     ]
     return simple_config(
         f"demo-{i:04d}", run_dir / "agents" / f"demo-{i:04d}", dims, streams,
@@ -388,9 +433,46 @@ def _rows_for(rid: str, stream: str, est: Any, truth: list[float], level: float)
     return out
 
 
+def _quantile_rows(rid: str, stream: str, est: Any, truth: list[float], level: float) -> list[dict[str, Any]]:
+    """A distribution stream's rows: its estimated quantiles :data:`QUANTILES` (``est.quantiles``) with their
+    intervals from the inverted CDF band, next to the true quantiles ``truth``. No standard error (the interval is
+    not symmetric); a missing interval (a mechanism without a variance) is NaN and counts as not covering."""
+    got = {round(q["q"], 9): q for q in est.quantiles}
+    unit = est.units[0] if est.units and est.units[0] else ""
+    out = []
+    for q, t in zip(QUANTILES, truth):
+        e = got.get(round(q, 9))
+        if e is None:
+            continue
+        lo, hi = (float("nan") if e[k] is None else float(e[k]) for k in ("low", "high"))
+        out.append({"round": rid, "stream": stream, "kind": est.kind, "item": f"p{100 * q:g}", "unit": unit,
+                    "n": est.n, "true": t, "estimate": float(e["value"]), "ci_low": lo, "ci_high": hi,
+                    "stderr": None, "inside": bool(lo - 1e-9 <= t <= hi + 1e-9), "level": level,
+                    "top_bucket": est.edges[-2:]})
+    return out
+
+
+def bound_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per quantile whose interval reached into the top bucket of its grid in some round — its upper end
+    is then the declared bound: the fleet is too small, at its ε, to bound that quantile from above (docs/demo.md)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == "distribution":
+            groups.setdefault((r["stream"], r["item"]), []).append(r)
+    notes = []
+    for (stream, item), rs in groups.items():
+        reached = sum(r["ci_high"] > r["top_bucket"][0] for r in rs)
+        if reached:
+            unit = f" {rs[0]['unit']}" if rs[0]["unit"] else ""
+            notes.append(f"{stream} {item}: its interval ran into the top bucket (up to the declared "
+                         f"{rs[0]['top_bucket'][1]:g}{unit}) in {reached} of {len(rs)} rounds — {rs[0]['n']} devices "
+                         "cannot bound it from above at this ε; its lower end still holds")
+    return notes
+
+
 def _shown(row: dict[str, Any]) -> bool:
-    """Printed rows: every numeric row; frequency items that matter (true or estimated ≥ 5%)."""
-    if row["kind"] in ("numeric", "vector", "haar"):
+    """Printed rows: every numeric row and quantile; frequency items that matter (true or estimated ≥ 5%)."""
+    if row["kind"] in ("numeric", "vector", "haar", "distribution"):
         return True
     return max(row["true"], row["estimate"]) >= 0.05
 
@@ -407,6 +489,25 @@ def format_table(rows: list[dict[str, Any]], level: float) -> str:
         lines.append(f"{r['round']:<6} {r['stream']:<8} {item[:22]:<22} {_fmt(r['true']):>9} "
                      f"{_fmt(r['estimate']):>9}  {ci:<21} {'yes' if r['inside'] else 'NO'}")
     return "\n".join(lines)
+
+
+def _quantile_charts(rows: list[dict[str, Any]]) -> list[str]:
+    """Per distribution stream and quantile, the estimate over the rounds with its interval and the true quantile
+    (:func:`coordinator.api.svg_band_chart`), from the table's rows."""
+    from coordinator.api import svg_band_chart
+
+    charts = []
+    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == "distribution":
+            series.setdefault((r["stream"], r["item"]), []).append(r)
+    for (stream, item), pts in series.items():
+        unit = f" ({pts[0]['unit']})" if pts[0]["unit"] else ""
+        charts.append(svg_band_chart(
+            f"{stream} — fleet {item} per round (n={pts[-1]['n']})", [p["round"] for p in pts],
+            [p["estimate"] for p in pts], [p["ci_low"] for p in pts], [p["ci_high"] for p in pts],
+            [p["true"] for p in pts], ylabel=f"{item} {stream}{unit}", level=float(pts[-1]["level"])))
+    return charts
 
 
 def _html_table(rows: list[dict[str, Any]]) -> str:
@@ -483,7 +584,10 @@ def run_demo(cfg: DemoConfig, log: Callable[[str], None] = print) -> DemoResult:
             truth_by_round[rid] = {s: data.truth(r, params.streams[s], s) for s in params.streams}
             rows = []
             for stream in params.streams:
-                rows += _rows_for(rid, stream, est[stream], truth_by_round[rid][stream], cfg.level)
+                if est[stream].kind == "distribution":  # its quantiles against the true ones
+                    rows += _quantile_rows(rid, stream, est[stream], data.true_quantiles(r), cfg.level)
+                else:
+                    rows += _rows_for(rid, stream, est[stream], truth_by_round[rid][stream], cfg.level)
             result.rows += rows
             hh = params.streams["country"].heavy_hitters
             info = {"round": rid, "reports": got, "expected": cfg.agents * n_streams,
@@ -564,6 +668,7 @@ def _finish(cfg: DemoConfig, result: DemoResult, history: list[tuple[str, dict[s
     hits = sum(int(d["memo_hits"]) for d in done)
     streams = len(history[-1][1]) if history else 0
     result.spent = {"mean": float(np.mean(spent)) if spent else float("nan"),
+                    "min": float(np.min(spent)) if spent else float("nan"),
                     "max": float(np.max(spent)) if spent else float("nan"), "memo_hits": float(hits),
                     "reports_per_device": float(len(history) * streams)}
     result.repeated = repeated_streams(history)
@@ -578,6 +683,8 @@ def _finish(cfg: DemoConfig, result: DemoResult, history: list[tuple[str, dict[s
         log(f"privacy spent per device (ledger, device unit: everything a device released, against any other "
             f"readings): mean ε = {result.spent['mean']:.2f}, max ε = {result.spent['max']:.2f} for "
             f"{int(result.spent['reports_per_device'])} reports ({hits} memo hits)")
+    for note in bound_notes(result.rows):
+        log(note)
     log(memo_note(hits, result.repeated, cfg.agents))
     log(f"report: {result.report_path}   dashboard snapshot: {result.dashboard_path}")
     log(f"done in {result.seconds:.1f} s ({cfg.agents} agents, {len(history)} of {cfg.rounds} rounds)")
@@ -621,9 +728,11 @@ def _write_outputs(cfg: DemoConfig, result: DemoResult, history: list[tuple[str,
             f"{result.seconds:.1f} s. Intervals covering the truth: {100 * result.coverage:.1f}% "
             f"(nominal {100 * cfg.level:.0f}%). Privacy spent per device: mean ε = {result.spent['mean']:.2f}, "
             f"max ε = {result.spent['max']:.2f}. {html.escape(note)}</p>"
+            + "".join(f"<p>{html.escape(b)}.</p>" for b in bound_notes(result.rows)) +
             "<h2>Rounds</h2><table><tr><th>round</th><th>reports</th><th>planned from</th><th>rounding steps</th>"
             f"<th>heavy-hitter step</th></tr>{rounds_html}</table>"
-            "<h2>True vs estimated</h2>" + _html_table(result.rows) + "<h2>Charts</h2>")
+            "<h2>True vs estimated</h2>" + _html_table(result.rows) + "<h2>Charts</h2>"
+            f"<div class=charts>{''.join(_quantile_charts(result.rows))}</div>")
     result.report_path = out / "report.html"
     result.report_path.write_text(render_report("haarvest demo", hist, truth, body))
 

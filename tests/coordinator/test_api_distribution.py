@@ -4,6 +4,7 @@ Prometheus metrics (quantile gauges)."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import numpy as np
@@ -78,3 +79,16 @@ def test_cdf_chart_overlays_the_truth():
          "estimate": [0.4, 0.6], "ci_low": [], "ci_high": [], "level": 0.95}
     (chart,) = stream_charts([("r1", {"x": e})], {"r1": {"x": [0.45, 1.0]}})
     assert "x — CDF, r1" in chart and "p50 = 1.2" in chart and 'class="truth"' in chart
+
+
+def test_cdf_chart_labels_at_most_eight_edges_ending_at_the_upper_bound():
+    D = 32
+    edges = [1000.0 * j / D for j in range(D + 1)]
+    cdf = [min(1.0, (j + 1) / 8) for j in range(D)]
+    e = {"kind": "distribution", "n": 10, "mechanism": "distribution_flat", "error": None, "units": ["ms"],
+         "edges": edges, "cdf": cdf, "cdf_low": cdf, "cdf_high": cdf, "quantiles": [], "labels": [], "estimate": [],
+         "ci_low": [], "ci_high": [], "level": 0.95}
+    (chart,) = stream_charts([("r1", {"lat": e})])
+    labels = [t for t in re.findall(r'<text x="[^"]*" y="[^"]*" font-size="10" text-anchor="middle"[^>]*>([^<]*)<',
+                                    chart) if t]  # the x axis's labels (not the rotated y label)
+    assert labels == ["125", "250", "375", "500", "625", "750", "875", "1000"]

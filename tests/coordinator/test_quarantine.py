@@ -129,3 +129,51 @@ def test_quarantine_rejects_the_device_is_listed_and_released_by_the_cli(tmp_pat
     assert json.loads(sent[-1])["commands"] == [{"command": "deleteClient", "username": flooder.device_id}]
     store.close()
     assert cli.main(["coordinator", "devices", "--db", db, "--release", "nobody"]) == 2
+
+
+def test_a_distribution_auto_contract_admits_the_rounds_distribution_mechanism_only(tmp_path):
+    """The demo's finding: a device configured with ``distribution_auto`` enrols with that name, and every one of
+    its distribution reports was rejected as off_contract (the validator only knew ``auto``)."""
+    import numpy as np
+
+    from coordinator.estimate import estimate_round
+    from edge_agent.agent import Agent
+    from edge_agent.embed import enrolment, new_identity, numeric, simple_config
+    from edge_agent.sources import IterableSource
+
+    key = wire.generate_signing_key()
+    store = SQLiteStore(tmp_path / "c.db")
+    v = Validator(store)
+    rounds = RoundManager(store, key, on_change=v.set_round)
+    agents = []
+    for i, lat in enumerate(np.linspace(20.0, 180.0, 40)):
+        cfg = simple_config(f"d{i}", tmp_path / f"d{i}", [numeric("lat", 0, 200, units="ms")],
+                            [{"name": "lat", "dimensions": ["lat"], "mechanism": "distribution_auto", "epsilon": 2.0,
+                              "params": {"D": 8}}], total_cap=100.0, coordinator_public_key=wire.public_key_b64(key))
+        a = Agent(cfg, IterableSource([{"lat": float(lat)}]), secrets=new_identity(), transport=False).open()
+        rec = enrolment(cfg, a.secrets)
+        assert rec["streams"] == {"lat": "distribution_auto"}
+        store.upsert_device(rec["device_id"], rec["public_key"], contract=rec["streams"])
+        agents.append(a)
+    v.refresh_devices()
+    rc = rounds.open_round("r1", 5.0, {"streams": agents[0].stream_specs()})
+    assert rc.params["streams"]["lat"]["mechanism"].startswith("distribution_")
+    results = [v.check(wire.report_topic(a.config.device_id), a.handle_round(rc.to_bytes()).commits[0].payload)
+               for a in agents]
+    assert not [r for r in results if isinstance(r, wire.WireError)]
+    store.commit_batch(results, {}, v.statistics)
+    assert estimate_round(store, "r1")["lat"].n == len(agents)
+    # the same name does not admit a non-distribution mechanism on that stream
+    numeric_spec = {"kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 1.0}, "dims": ["lat"],
+                    "bounds": [[0, 200]]}
+    rounds.open_round("r2", 5.0, {"streams": {"lat": numeric_spec}})
+    sim = SimFleet(1)
+    (dev,) = sim.devices
+    (rec,) = sim.enrollment()
+    store.upsert_device(rec["device_id"], rec["public_key"], contract={"lat": "distribution_auto"})
+    v.refresh_devices()
+    (res,) = v.check_batch([dev.report("r2", "lat", "hybrid", {"report": 0.5})])
+    assert res.reason == "off_contract"
+    for a in agents:
+        a.close()
+    store.close()

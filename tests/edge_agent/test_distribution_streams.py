@@ -76,6 +76,10 @@ def test_distribution_auto_follows_choose_distribution_mechanism(tmp_path):
     assert spec.build().method == want.method  # the coordinator rebuilds exactly the device's mechanism
     default = Pipeline(_cfg(tmp_path, _stream("distribution_auto"), name="dev-e"), SECRET).streams["lat"]
     assert default.mechanism.D == 64
+    # the choice is analytic: a fleet's agents in one process share it (computed once per ε, D, query, length)
+    again = Pipeline(_cfg(tmp_path, _stream("distribution_auto", params={"D": 64, "query": "quantile"}),
+                          name="dev-f"), SECRET).streams["lat"]
+    assert again.mechanism is plan.mechanism
 
 
 @pytest.mark.parametrize("stream, match", [

@@ -19,7 +19,7 @@ import pytest
 
 from haarvest.cli import main
 from simulations.broker import amqtt_python, mosquitto_path
-from simulations.demo import QUICK, load_adult_rows
+from simulations.demo import QUANTILES, QUICK, ROUND_EPSILON, load_adult_rows
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +46,11 @@ def test_quick_demo_runs_end_to_end_under_a_minute(tmp_path, capsys):
     # decoded, with units: no raw Adult codes or bit prefixes in the table
     assert "age (years)" in printed and "hours (h/week)" in printed and "Male" in printed
     assert "United-States" in printed and "load (%)" in printed
+    # the fleet's latency p50/p95: estimate, interval and the true quantile on one line, every round
+    quantile_lines = [ln.split() for ln in printed.splitlines() if ln.split()[1:3] in (["latency", "p50"],
+                                                                                       ["latency", "p95"])]
+    assert len(quantile_lines) == 2 * QUICK["rounds"]
+    assert all(ln[3] == "(ms)" and ln[6].startswith("[") and ln[7].endswith("]") for ln in quantile_lines)
     assert "no report was re-sent from a memo" in printed  # the output says why estimates do not repeat
     assert "--serve" in printed  # and how to keep the dashboard up
     # docs/demo.md quotes the output: every quoted line is one the demo prints, numbers and paths aside
@@ -55,7 +60,7 @@ def test_quick_demo_runs_end_to_end_under_a_minute(tmp_path, capsys):
     result = json.loads((tmp_path / "out" / "estimates.json").read_text())
     rounds = result["rounds"]
     assert [r["round"] for r in rounds] == [f"r{i + 1}" for i in range(QUICK["rounds"])]
-    assert all(r["reports"] == r["expected"] == QUICK["agents"] * 5 for r in rounds)
+    assert all(r["reports"] == r["expected"] == QUICK["agents"] * 6 for r in rounds)
     # sequential interaction: round r+1 is planned from rounds 1..r — rounding steps and heavy-hitter prefixes
     assert rounds[0]["depends_on"] == [] and rounds[1]["depends_on"] == ["r1"]
     assert rounds[2]["depends_on"] == ["r1", "r2"]
@@ -64,18 +69,33 @@ def test_quick_demo_runs_end_to_end_under_a_minute(tmp_path, capsys):
         rounds[1]["heavy_hitters"] == rounds[0]["heavy_hitters"]  # nothing significant: the prefix step repeats
 
     rows = result["rows"]
-    assert {r["stream"] for r in rows} == {"profile", "load", "sex", "country", "app"}
+    assert {r["stream"] for r in rows} == {"profile", "load", "sex", "country", "app", "latency"}
     age = [r for r in rows if r["item"] == "age"]
     assert age and all(r["unit"] == "years" and 30 < r["true"] < 50 for r in age)  # mean age in years, not a code
-    # every unbiased estimate within 5 standard errors of the truth (rounding adds a little unmodelled variance)
-    z = np.array([abs(r["estimate"] - r["true"]) / r["stderr"] for r in rows])
+    # the distribution stream's rows are its quantiles with their intervals (from the inverted CDF band) and the
+    # true quantiles of the devices' readings that round
+    quantiles = [r for r in rows if r["stream"] == "latency"]
+    assert [r["item"] for r in quantiles] == [f"p{100 * q:g}" for q in QUANTILES] * QUICK["rounds"]
+    assert all(r["kind"] == "distribution" and r["unit"] == "ms" and r["n"] == QUICK["agents"] for r in quantiles)
+    assert all(0 <= r["ci_low"] <= r["estimate"] <= r["ci_high"] <= 1000 for r in quantiles)
+    assert all(20 < r["true"] < 1000 for r in quantiles)
+    assert all(p50["true"] < p95["true"] for p50, p95 in zip(quantiles[::2], quantiles[1::2]))
+    est = result["estimates"]
+    assert all(est[r["round"]]["latency"]["quantiles"] and len(result["truth"][r["round"]]["latency"])
+               == len(est[r["round"]]["latency"]["cdf"]) for r in rounds)  # the true CDF for the chart
+    # every unbiased mean or frequency within 5 standard errors of the truth (rounding adds a little unmodelled
+    # variance); quantile intervals are not symmetric and have no standard error
+    z = np.array([abs(r["estimate"] - r["true"]) / r["stderr"] for r in rows if r["stderr"] is not None])
     assert np.all(z < 5), max(z)
     assert all(r["ci_low"] <= r["estimate"] <= r["ci_high"] for r in rows)
     # the device unit (default): every report charged, nothing memoized; within rounds × round ε
-    assert result["spent"]["max"] <= QUICK["rounds"] * 13.0 and result["spent"]["memo_hits"] == 0
+    assert result["spent"]["max"] <= QUICK["rounds"] * ROUND_EPSILON and result["spent"]["memo_hits"] == 0
+    # the latency stream is charged too: every round at least its ε = 4 on top of the others' 4 + 2 + 1 + 2
+    assert result["spent"]["min"] >= QUICK["rounds"] * (4 + 2 + 1 + 2 + 4)
 
     report = (tmp_path / "out" / "report.html").read_text()
     assert report.count("<svg") >= 10 and 'class="truth"' in report and 'class="band"' in report
+    assert "latency — fleet p95 per round" in report and "latency — CDF, r1" in report
     assert (tmp_path / "out" / "dashboard.html").read_text().count("<svg") >= 5
 
 
