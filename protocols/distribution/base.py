@@ -115,10 +115,16 @@ class DistributionMechanism(Mechanism):
         cdf = np.asarray(cdf, dtype=float)
         hv = cv = None
         if self.analytic_variance:
-            hv = np.array([self.range_variance(j, j, float(np.clip(hist[j], 0, 1))) for j in range(self.D)])
-            cv = np.array([self.range_variance(0, j, float(np.clip(cdf[j], 0, 1))) for j in range(self.D)])
+            hv, cv = self.plugin_variances(hist, cdf)
         return DistributionEstimate(hist, cdf, n, self.method, self.unbiased, hv, cv, level,
                                     None if edges is None else np.asarray(edges, dtype=float))
+
+    def plugin_variances(self, hist: np.ndarray, cdf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-user variances of each bucket's and each prefix's estimate at plug-in fractions (the raw estimate
+        clipped to [0, 1]); mechanisms whose variance depends on the whole histogram override this."""
+        hv = np.array([self.range_variance(j, j, float(np.clip(hist[j], 0, 1))) for j in range(self.D)])
+        cv = np.array([self.range_variance(0, j, float(np.clip(cdf[j], 0, 1))) for j in range(self.D)])
+        return hv, cv
 
     def _params(self) -> dict[str, Any]:
         return {**super()._params(), "D": self.D}

@@ -13,7 +13,9 @@ uniform-population fraction f = ℓ/D; at most 64 evenly spaced ranges are avera
   divided by the local density, so the same ranking applies);
 * ``"histogram"``: the single buckets [j, j].
 
-OLH's range variance for ℓ ≥ 2 items is the idealised formula (see :mod:`protocols.distribution.flat`).
+Hierarchical intervals are ranked by the variance of their *consistent* estimate (what they return; exact to
+first order, :meth:`~protocols.distribution.HierarchicalIntervals.query_variances`), not the raw formula. OLH's
+range variance for ℓ ≥ 2 items is the idealised formula (see :mod:`protocols.distribution.flat`).
 """
 
 from __future__ import annotations

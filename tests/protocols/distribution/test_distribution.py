@@ -211,8 +211,39 @@ def test_hierarchical_range_variance_at_zero_matches_the_paper_form():
     vf = mech.q * (1 - mech.q) / (mech.p - mech.q) ** 2
     for a, b in [(0, 0), (1, 62), (5, 40), (16, 31)]:
         m = sum(n.size for n in decompose(a, b, 4, 3).values())
-        assert math.isclose(mech.range_variance(a, b, 0.0), 3 * m * vf, rel_tol=1e-12)
-    assert mech.range_variance(0, 63, 1.0) == 0.0  # the root is known
+        assert math.isclose(mech.raw_range_variance(a, b, 0.0), 3 * m * vf, rel_tol=1e-12)
+    assert mech.raw_range_variance(0, 63, 1.0) == 0.0  # the root is known
+    assert mech.range_variance(0, 63, 1.0) == pytest.approx(0.0, abs=1e-12)  # consistent: the root too
+
+
+@pytest.mark.parametrize("D, B", [(16, 4), (64, 2), (20, 3), (16, 16)])
+def test_consistency_adjoint_is_the_transpose_of_the_consistent_tree(D, B, rng):
+    """The raw node weights of a leaf query on the consistent tree equal those found by probing consistent_levels
+    with each raw node (the map is affine: probe minus the all-zero tree)."""
+    mech = HierarchicalIntervals(1.0, D, B, "oue")
+    zero = [np.ones(1)] + [np.zeros(B**lvl) for lvl in range(1, mech.h + 1)]
+    base = mech.consistent_levels(zero)[mech.h][:D]
+    cols = []
+    for lvl in range(1, mech.h + 1):
+        for i in range(B**lvl):
+            probe = [x.copy() for x in zero]
+            probe[lvl][i] = 1.0
+            cols.append(mech.consistent_levels(probe)[mech.h][:D] - base)
+    W = rng.normal(size=(4, D))
+    assert np.allclose(np.concatenate(mech._consistency_adjoint(W), axis=1), W @ np.array(cols).T, atol=1e-12)
+
+
+def test_consistent_variance_with_a_decomposition_is_the_raw_formula():
+    """query_variances' general formula, fed a raw range's decomposition weights, is the module's raw formula."""
+    mech = HierarchicalIntervals(2.0, 64, branching=4, oracle="oue")
+    hist = np.full(64, 1 / 64)
+    nodes = decompose(5, 40, 4, mech.h)
+    u = [np.zeros((1, 4**lvl)) for lvl in range(1, mech.h + 1)]
+    for lvl, idx in nodes.items():
+        u[lvl - 1][0, idx] = 1.0
+    mech._consistency_adjoint = lambda W: u  # the raw estimator's node weights
+    assert mech.query_variances(np.zeros((1, 64)), hist)[0] == pytest.approx(
+        mech.raw_range_variance(5, 40, 36 / 64), rel=1e-12)
 
 
 def test_hierarchical_needs_every_level(rng):
