@@ -363,3 +363,14 @@ def test_device_path_imports_no_scipy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_quantile_intervals_cover_the_truth_at_bucket_resolution():
+    """The quantile interval's ends are bucket edges and contain the exact grid quantile of a noiseless estimate."""
+    hist = np.array([0.1, 0.4, 0.3, 0.2])
+    est = DistributionEstimate(hist, np.cumsum(hist), 1000, "exact", True, np.full(4, 0.01), np.full(4, 0.01))
+    lo, hi = est.quantile_interval([0.3, 0.5, 0.95])
+    edges = np.linspace(0, 1, 5)
+    assert set(lo) | set(hi) <= set(edges)
+    q = est.quantile([0.3, 0.5, 0.95])
+    assert np.all(lo <= q) and np.all(q <= hi)
