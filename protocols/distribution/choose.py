@@ -104,8 +104,9 @@ def choose_distribution_mechanism(epsilon: float, D: int, query: str = "cdf", le
     D = check_int(D, "D", minimum=2, maximum=MAX_BUCKETS)
     query_ranges(D, query, length)  # validates query/length
     candidates: list[DistributionMechanism] = [FlatOracle(eps, D, o) for o in ORACLES]
-    candidates += [HierarchicalIntervals(eps, D, B, o) for o in ORACLES for B in BRANCHINGS
-                   if B < D]
+    # B = D is one level (the flat oracle) made consistent with the known total: a distinct candidate, which
+    # optimal_branching also considers
+    candidates += [HierarchicalIntervals(eps, D, B, o) for o in ORACLES for B in BRANCHINGS if B <= D]
     candidates.append(HaarDistribution(eps, D))
     variances = {m.method: query_variance(m, query, length) for m in candidates}
     best = min(candidates, key=lambda m: variances[m.method])

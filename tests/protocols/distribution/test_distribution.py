@@ -24,6 +24,7 @@ from protocols.distribution import (
     query_variance,
     square_wave_parameters,
 )
+from protocols.distribution.choose import query_ranges
 from protocols.distribution.hierarchical import decompose, tree_height
 from tests.conftest import EPSILONS
 
@@ -333,6 +334,23 @@ def test_auto_picks_the_least_analytic_variance_and_excludes_square_wave():
         assert math.isclose(query_variance(choice.mechanism, query, length), choice.variances[choice.method])
     # single buckets: a flat oracle has V_F, any tree pays for the level sampling
     assert choose_distribution_mechanism(1.0, 64, "histogram").method.startswith("flat_")
+
+
+def test_auto_considers_every_branching_optimal_branching_does():
+    """At D = 16 the one-level tree (B = 16: the flat oracle made consistent with the known total) has the least
+    consistent CDF variance at ε = 4; auto and optimal_branching must agree on it."""
+    choice = choose_distribution_mechanism(4.0, 16, "cdf")
+    assert choice.method == f"hierarchical_oue_B{optimal_branching(4.0, 16, 'oue', 'cdf')}" == "hierarchical_oue_B16"
+    assert choice.variances["hierarchical_oue_B16"] < choice.variances["flat_oue"] / 2
+
+
+def test_auto_ranks_hierarchical_methods_by_their_consistent_variance():
+    """The consistent estimate's variance (what the mechanism returns) ranks the trees, not the raw formula."""
+    mech = HierarchicalIntervals(1.0, 64, 4, "oue")
+    assert query_variance(mech, "cdf") == pytest.approx(np.mean(
+        [mech.range_variance(0, j, (j + 1) / 64) for _, j in query_ranges(64, "cdf")]))
+    assert query_variance(mech, "cdf") < np.mean(
+        [mech.raw_range_variance(0, j, (j + 1) / 64) for _, j in query_ranges(64, "cdf")])
 
 
 def test_auto_rejects_bad_queries():
