@@ -159,7 +159,8 @@ def splice_sections(report: str, sections: Sequence[Section], note: str) -> str:
             last = max((i for i in range(summary, contents) if lines[i].startswith("- **")), default=summary + 1)
             lines[last + 1 : last + 1] = bullets
         contents = lines.index("## Contents")
-        entries = [i for i in range(contents + 1, len(lines)) if lines[i].startswith("- ")]
+        end = next((i for i in range(contents + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        entries = [i for i in range(contents + 1, end) if lines[i].startswith("- ")]
         titles = [lines[i][2:] for i in entries]
         if section.title not in titles:
             at = (entries[-1] + 1) if entries else contents + 2

@@ -94,8 +94,8 @@ def regenerate_in_place(config: EvalConfig, only: Sequence[str]) -> tuple[list[S
         section.seconds = time.perf_counter() - t0
         sections.append(section)
     note = (f"Regenerated in place on {time.strftime('%Y-%m-%d %H:%M')} by `haarvest simulate eval --only "
-            f"{' '.join(m.NAME for m in modules)} --in-place` (seed {config.seed}, {config.reps} repetitions per "
-            "configuration); the rest of the report is from the run named at its top.")
+            f"{' '.join(m.NAME for m in modules)} --in-place` (seed {config.seed}, --reps {config.reps}); the rest of "
+            "the report is from the run named at its top.")
     path.write_text(splice_sections(path.read_text(encoding="utf-8"), sections, note), encoding="utf-8")
     return sections, path
 

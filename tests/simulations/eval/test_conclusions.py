@@ -175,4 +175,5 @@ def test_distribution_conclusions_separate_square_wave_from_auto_misses():
     errors, picks, cov = _distribution_tables(square_wins=True, auto_right=True, coverage=0.95)
     head, find = X.conclusions(errors, picks, cov)
     assert "in 8 more only Square Wave (no analytic variance, so never auto's pick) beats it" in head[0]
+    assert "Only Square Wave beats auto's pick in: Adult age KS at ε = 1, 4; Adult age p99 rank at ε = 1, 4" in find[-2]
     assert "misses" not in head[0]
