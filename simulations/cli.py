@@ -1,7 +1,7 @@
 """``haarvest simulate …``: the research evaluation and the Flower fleet simulation.
 
-* ``haarvest simulate eval [--quick] [--only NAME … [--in-place]] [--reps R] [--seed S] [--out DIR]`` runs the experiments of
-  :mod:`simulations.eval` and writes ``results.md`` plus ``img/*.png`` (``docs/generated/`` for a full run);
+* ``haarvest simulate eval [--quick] [--only NAME … [--in-place]] [--reps R] [--seed S] [--out DIR]`` runs the
+  experiments of :mod:`simulations.eval` and writes ``results.md`` plus ``img/*.png`` (``docs/generated/`` for a full run);
 * ``haarvest simulate flower …`` runs :func:`simulations.flower_sim.main` (imported only when asked for).
 """
 

@@ -1,8 +1,8 @@
 """``auto`` for distribution streams: pick the mechanism with the least analytic variance for the asked query.
 
 Candidates are the mechanisms with a closed-form variance: the flat OUE and OLH baselines, hierarchical
-intervals with OUE or OLH at every branching B = 2..16 (:func:`optimal_branching`), and HaarHRR. **Square Wave is
-excluded**: its EMS estimate is biased and has no closed-form variance, so it cannot be ranked by formula (use it
+intervals with OUE or OLH at every branching B = 2..min(16, D) (:func:`optimal_branching`), and HaarHRR.
+**Square Wave is excluded**: its EMS estimate is biased and has no closed-form variance, so it cannot be ranked by formula (use it
 by name; its measured accuracy is in the statistical tests).
 
 Queries (per-user variance averaged over the query's ranges, each range [a, b] of ℓ buckets evaluated at the

@@ -47,7 +47,7 @@ _consistency_adjoint`). Its first-order per-user variance, for a population with
 (:meth:`HierarchicalIntervals.query_variances`; with a decomposition's indicator weights it is the raw formula
 above). ``range_variance`` is this variance when ``consistency`` (the population spread evenly inside and outside
 the range; ``raw_range_variance`` keeps the raw one), and the CDF intervals use it at the plug-in histogram. It is
-0.03–0.96 × the raw formula (the longer the prefix, the smaller).
+below the raw formula, the more so the longer the range.
 """
 
 from __future__ import annotations
@@ -324,7 +324,8 @@ class HierarchicalIntervals(DistributionMechanism):
         With u_l the raw node weights of the query (:meth:`_consistency_adjoint`; the indicator of the leaves for
         the raw tree), g_l(v) = u_l[node_l(v)] and G = Σ_l g_l:
 
-            Var = h · Σ_l [ Σ_i u_{l,i}² V_{l,i} + Var_v g_l ] − Var_v G,   V_{l,i} = (f_{l,i}p(1−p) + (1−f_{l,i})q(1−q))/(p−q)²
+            Var = h · Σ_l [ Σ_i u_{l,i}² V_{l,i} + Var_v g_l ] − Var_v G,
+            V_{l,i} = (f_{l,i}p(1−p) + (1−f_{l,i})q(1−q))/(p−q)²
 
         (the oracle's noise at level l with n/h users, plus the sampling of users into levels: each user adds
         h·(g_L(v) − mean) for its uniformly drawn level L). With the indicator weights of a range's B-adic
