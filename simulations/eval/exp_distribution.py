@@ -289,8 +289,8 @@ def conclusions(errors: Mapping[str, Mapping[float, Mapping[str, Mapping[str, St
                         + ".")
     if square_only:
         findings.append("Only Square Wave beats auto's pick in: " + "; ".join(
-            f"{pop} {cls} at ε = {', '.join(f'{e:g}' for e in eps_list)}" for (pop, cls), eps_list in square_only.items())
-            + ".")
+            f"{pop} {cls} at ε = {', '.join(f'{e:g}' for e in eps_list)}"
+            for (pop, cls), eps_list in square_only.items()) + ".")
 
     tol = round(100 * COVERAGE_TOLERANCE)
     sentences = []

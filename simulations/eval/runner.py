@@ -22,8 +22,8 @@ from simulations.eval._blas import limit_blas_threads
 from simulations.eval.common import DEFAULT_SEED, EvalConfig, Section, progress
 from simulations.eval.report import REPORT_NAME, splice_sections, write_report
 
-__all__ = ["EXPERIMENTS", "REPO_ROOT", "experiment_modules", "run_experiments", "regenerate_in_place", "default_out_dir",
-           "main"]
+__all__ = ["EXPERIMENTS", "REPO_ROOT", "experiment_modules", "run_experiments", "regenerate_in_place",
+           "default_out_dir", "main"]
 
 #: Experiment modules in report order.
 EXPERIMENTS: tuple[str, ...] = (
