@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -166,4 +165,4 @@ def splice_sections(report: str, sections: Sequence[Section], note: str) -> str:
             at = (entries[-1] + 1) if entries else contents + 2
             lines.insert(at, f"- {section.title}")
         report = "\n".join(lines)
-    return re.sub(r"\n{3,}", "\n\n", report).rstrip("\n") + "\n"
+    return report.rstrip("\n") + "\n"

@@ -51,6 +51,12 @@ def test_splice_replaces_a_section_its_summary_lines_and_keeps_the_rest():
     assert out.count("## 2. Second") == 1 and out.count("- 2. Second") == 1
 
 
+def test_splice_keeps_the_other_sections_byte_for_byte():
+    report = REPORT.replace("first body\n", "first body\n\n\n")  # odd spacing elsewhere stays as it is
+    out = splice_sections(report, [_section("2. Second", ["new two."])], "note")
+    assert out.split("## 2. Second")[0].split("## 1. First")[1] == report.split("## 2. Second")[0].split("## 1. First")[1]
+
+
 def test_splice_appends_a_new_section_with_its_summary_and_contents_entry():
     out = splice_sections(REPORT, [_section("3. Third", ["three a.", "three b."])], "note")
     assert out.index("- **Second** — old two again.") < out.index("- **Third** — three a.") < out.index(
