@@ -392,3 +392,16 @@ def test_quantile_intervals_cover_the_truth_at_bucket_resolution():
     assert set(lo) | set(hi) <= set(edges)
     q = est.quantile([0.3, 0.5, 0.95])
     assert np.all(lo <= q) and np.all(q <= hi)
+
+
+def test_large_grids_fall_back_to_the_conservative_raw_formula(monkeypatch):
+    """Beyond EXACT_VARIANCE_MAX_D the CDF intervals use the raw formula (exact variance costs O(D·B^h))."""
+    from protocols.distribution import hierarchical
+
+    mech = HierarchicalIntervals(1.0, 64, 4, "oue")
+    hist = np.full(64, 1 / 64)
+    exact = mech.plugin_variances(hist, np.cumsum(hist))[1]
+    monkeypatch.setattr(hierarchical, "EXACT_VARIANCE_MAX_D", 32)
+    raw = mech.plugin_variances(hist, np.cumsum(hist))[1]
+    assert raw[10] == pytest.approx(mech.raw_range_variance(0, 10, 11 / 64))
+    assert np.all(exact[:-1] <= raw[:-1] * 1.001)
