@@ -1,7 +1,7 @@
 """``haarvest simulate …``: the research evaluation and the Flower fleet simulation.
 
-* ``haarvest simulate eval [--quick] [--only NAME …] [--reps R] [--seed S] [--out DIR]`` runs the experiments of
-  :mod:`simulations.eval` and writes ``results.md`` plus ``img/*.png`` (``docs/generated/`` for a full run);
+* ``haarvest simulate eval [--quick] [--only NAME … [--in-place]] [--reps R] [--seed S] [--out DIR]`` runs the
+  experiments of :mod:`simulations.eval` and writes ``results.md`` plus ``img/*.png`` (``docs/generated/`` for a full run);
 * ``haarvest simulate flower …`` runs :func:`simulations.flower_sim.main` (imported only when asked for).
 """
 
@@ -87,12 +87,15 @@ def register(subparsers: Any) -> None:
     )
     ev.add_argument("--quick", action="store_true", help="small sizes (< 60 s; writes to out/eval-quick)")
     ev.add_argument("--only", nargs="+", metavar="NAME",
-                    help="run only these experiments (epsilon, dimension, datasets, evolving, timing, privacy, range)")
+                    help="run only these experiments (epsilon, dimension, datasets, evolving, timing, privacy, device, "
+                    "range, distribution)")
     ev.add_argument("--reps", type=_positive_int, default=None, help="repetitions per configuration (default 10; "
                     "quick 2)")
     ev.add_argument("--seed", type=_seed, default=None, help="global seed (default 20261122)")
     ev.add_argument("--out", default=None, help="output directory (default docs/generated/ for a full run)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ev.add_argument("--in-place", action="store_true", help="with --only: run those experiments at full size and "
+                    "replace their sections in the committed docs/generated/results.md (the others are kept)")
     ev.set_defaults(func=run_eval)
 
     # prefix_chars="+": every following word, "--devices" and "--help" included, is handed to flower_sim's own parser.

@@ -106,11 +106,11 @@ class DistributionMechanism(Mechanism):
     def _distribution(self, hist: Any, cdf: Any, n: int, level: float, edges: Any) -> DistributionEstimate:
         hist = np.asarray(hist, dtype=float)
         cdf = np.asarray(cdf, dtype=float)
-        hv, cv = self._plug_in_variances(hist, cdf)
+        hv, cv = self.plugin_variances(hist, cdf)
         return DistributionEstimate(hist, cdf, n, self.method, self.unbiased, hv, cv, level,
                                     None if edges is None else np.asarray(edges, dtype=float))
 
-    def _plug_in_variances(self, hist: np.ndarray, cdf: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def plugin_variances(self, hist: np.ndarray, cdf: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Per-user variances of the histogram and the CDF: none without a closed form."""
         return None, None
 
@@ -133,8 +133,9 @@ class AnalyticDistribution(DistributionMechanism, AnalyticMechanism):
         """Per-user variance of one bucket's estimate at true bucket fraction f (the same for every bucket)."""
         return self.range_variance(0, 0, f)
 
-    def _plug_in_variances(self, hist: np.ndarray, cdf: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """Plug-in: each variance is evaluated at the raw estimate clipped to [0, 1]."""
+    def plugin_variances(self, hist: np.ndarray, cdf: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per-user variances of each bucket's and each prefix's estimate at plug-in fractions (the raw estimate
+        clipped to [0, 1]); mechanisms whose variance depends on the whole histogram override this."""
         hv = np.array([self.range_variance(j, j, float(np.clip(hist[j], 0, 1))) for j in range(self.D)])
         cv = np.array([self.range_variance(0, j, float(np.clip(cdf[j], 0, 1))) for j in range(self.D)])
         return hv, cv

@@ -1,8 +1,8 @@
 """``auto`` for distribution streams: pick the mechanism with the least analytic variance for the asked query.
 
 Candidates are the mechanisms with a closed-form variance: the flat OUE and OLH baselines, hierarchical
-intervals with OUE or OLH at every branching B = 2..16 (:func:`optimal_branching`), and HaarHRR. **Square Wave is
-excluded**: its EMS estimate is biased and has no closed-form variance, so it cannot be ranked by formula (use it
+intervals with OUE or OLH at every branching B = 2..min(16, D) (:func:`optimal_branching`), and HaarHRR.
+**Square Wave is excluded**: its EMS estimate is biased and has no closed-form variance, so it cannot be ranked by formula (use it
 by name; its measured accuracy is in the statistical tests).
 
 Queries (per-user variance averaged over the query's ranges, each range [a, b] of ℓ buckets evaluated at the
@@ -13,7 +13,9 @@ uniform-population fraction f = ℓ/D; at most 64 evenly spaced ranges are avera
   divided by the local density, so the same ranking applies);
 * ``"histogram"``: the single buckets [j, j].
 
-OLH's range variance for ℓ ≥ 2 items is the idealised formula (see :mod:`protocols.distribution.flat`).
+Hierarchical intervals are ranked by the variance of their *consistent* estimate (what they return; exact to
+first order, :meth:`~protocols.distribution.HierarchicalIntervals.query_variances`), not the raw formula. OLH's
+range variance for ℓ ≥ 2 items is the idealised formula (see :mod:`protocols.distribution.flat`).
 """
 
 from __future__ import annotations
@@ -102,8 +104,9 @@ def choose_distribution_mechanism(epsilon: float, D: int, query: str = "cdf", le
     D = check_int(D, "D", minimum=2, maximum=MAX_BUCKETS)
     query_ranges(D, query, length)  # validates query/length
     candidates: list[DistributionMechanism] = [FlatOracle(eps, D, o) for o in ORACLES]
-    candidates += [HierarchicalIntervals(eps, D, B, o) for o in ORACLES for B in BRANCHINGS
-                   if B < D]
+    # B = D is one level (the flat oracle) made consistent with the known total: a distinct candidate, which
+    # optimal_branching also considers
+    candidates += [HierarchicalIntervals(eps, D, B, o) for o in ORACLES for B in BRANCHINGS if B <= D]
     candidates.append(HaarDistribution(eps, D))
     variances = {m.method: query_variance(m, query, length) for m in candidates}
     best = min(candidates, key=lambda m: variances[m.method])

@@ -36,9 +36,18 @@ weighted averaging ``z_v = ((B^i − B^{i−1})/(B^i − 1))·x̃_v + ((B^{i−1
 (leaves i = 1), then top-down mean consistency ``x̄_v = z_v + (x̄_parent − Σ_siblings z)/B`` from the exact root
 x̄ = 1. Both passes are linear and preserve expectations, so the consistent estimates stay unbiased; every node
 then equals the sum of its children, so a range is the sum of its leaves. Hay et al.'s least-squares optimality
-assumes equal node variances, which holds here only approximately (it is exact at f = 0 within a level); the
-analytic variance above is that of the raw estimator (the consistent one's is not in closed form; measured in the
-statistical tests to be no larger).
+assumes equal node variances, which holds here only approximately (it is exact at f = 0 within a level).
+
+**Variance of the consistent estimate.** Consistency is linear, so a leaf query Σ w·x̄ equals Σ_l u_l·x̃_l plus a
+constant, the raw node weights u_l given by the adjoint of the two passes (:meth:`HierarchicalIntervals.
+_consistency_adjoint`). Its first-order per-user variance, for a population with bucket fractions f, is
+
+    Var = h · Σ_l [ Σ_i u_{l,i}² V_{l,i} + Var_v u_l[node_l(v)] ] − Var_v Σ_l u_l[node_l(v)]
+
+(:meth:`HierarchicalIntervals.query_variances`; with a decomposition's indicator weights it is the raw formula
+above). ``range_variance`` is this variance when ``consistency`` (the population spread evenly inside and outside
+the range; ``raw_range_variance`` keeps the raw one), and the CDF intervals use it at the plug-in histogram. It is
+below the raw formula, the more so the longer the range.
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ from protocols.distribution.grid import MAX_BUCKETS
 
 __all__ = ["HierarchicalIntervals", "tree_height", "decompose"]
 
+#: Largest grid whose CDF intervals use the consistent estimate's exact variance (O(D·B^h): ≈ 2 s at 4096 buckets).
+EXACT_VARIANCE_MAX_D = 4096
 #: Largest branching considered (a level's domain is B^l; beyond this a flat oracle is the same thing).
 MAX_BRANCHING = 64
 
@@ -264,6 +275,98 @@ class HierarchicalIntervals(AnalyticDistribution):
         return np.array([self.range_from_tree(tree, 0, j) for j in range(self.D)])
 
     def range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:
+        """First-order per-user variance of the range estimate at true range fraction f, the population spread
+        evenly inside and outside the range: of the consistent estimate (:meth:`query_variances`) when
+        ``consistency``, else of the raw one (:meth:`raw_range_variance`)."""
+        a, b = check_range(a, b, self.D)
+        if not self.consistency:
+            return self.raw_range_variance(a, b, f)
+        fa = np.asarray(f, dtype=float)
+        length = b - a + 1
+        inside = np.zeros(self.D, dtype=bool)
+        inside[a : b + 1] = True
+        weights = inside[None, :].astype(float)
+        out = np.empty(fa.shape)
+        for idx, fv in np.ndenumerate(fa):
+            hist = np.where(inside, fv / length, (1.0 - fv) / (self.D - length) if length < self.D else 0.0)
+            out[idx] = self.query_variances(weights, hist)[0]
+        return out if out.ndim else float(out)
+
+    def _consistency_adjoint(self, leaf_weights: np.ndarray) -> list[np.ndarray]:
+        """The raw node weights of leaf-linear queries on the consistent tree: for each row w of ``leaf_weights``
+        (Q × D), the vectors u_l (l = 1..h) with ``Σ_leaves w·x̄ = Σ_l u_l·x̃_l + constant`` (the adjoint of
+        :meth:`consistent_levels`' linear part, applied in reverse order)."""
+        B, h = self.B, self.h
+        Q = leaf_weights.shape[0]
+        obar = np.zeros((Q, self.leaves))
+        obar[:, : self.D] = leaf_weights
+        zbar: list[np.ndarray] = [np.zeros((Q, 1))] * (h + 1)
+        for lvl in range(h, 0, -1):  # top-down pass: o_l = z_l + R(o_{l-1} − S z_l)/B
+            parent = obar.reshape(Q, -1, B).sum(axis=2)
+            zbar[lvl] = obar - np.repeat(parent, B, axis=1) / B
+            obar = parent / B
+        xbar: list[np.ndarray] = [np.zeros((Q, 1))] * (h + 1)
+        for lvl in range(1, h):  # bottom-up pass: z_l = a·x_l + (1 − a)·S z_{l+1}
+            i = h - lvl + 1
+            a = (B**i - B ** (i - 1)) / (B**i - 1)
+            xbar[lvl] = a * zbar[lvl]
+            zbar[lvl + 1] = zbar[lvl + 1] + (1 - a) * np.repeat(zbar[lvl], B, axis=1)
+        xbar[h] = zbar[h]
+        return xbar[1:]
+
+    def query_variances(self, leaf_weights: Any, hist: Any) -> np.ndarray:
+        """First-order per-user variance of ``Σ_j w_j·x̄_j`` for each row w of ``leaf_weights`` (Q × D), x̄ the
+        consistent leaf estimates, for a population with bucket fractions ``hist``.
+
+        With u_l the raw node weights of the query (:meth:`_consistency_adjoint`; the indicator of the leaves for
+        the raw tree), g_l(v) = u_l[node_l(v)] and G = Σ_l g_l:
+
+            Var = h · Σ_l [ Σ_i u_{l,i}² V_{l,i} + Var_v g_l ] − Var_v G,
+            V_{l,i} = (f_{l,i}p(1−p) + (1−f_{l,i})q(1−q))/(p−q)²
+
+        (the oracle's noise at level l with n/h users, plus the sampling of users into levels: each user adds
+        h·(g_L(v) − mean) for its uniformly drawn level L). With the indicator weights of a range's B-adic
+        decomposition this is the raw formula of the module docstring. OLH: node noises taken as uncorrelated
+        (idealised, as for flat OLH).
+        """
+        if not self.consistency:
+            raise ValueError("query_variances is for the consistent tree (the raw tree is not additive: a raw range "
+                             "is its B-adic decomposition, see raw_range_variance)")
+        W = np.atleast_2d(np.asarray(leaf_weights, dtype=float))
+        f = np.zeros(self.leaves)
+        f[: self.D] = np.asarray(hist, dtype=float)
+        nodes = self._consistency_adjoint(W)
+        total = np.zeros(W.shape[0])
+        G = np.zeros((W.shape[0], 1))  # G restricted to level l's nodes: Σ_{l' ≤ l} u_{l'}[ancestor], built top-down
+        for lvl, u in enumerate(nodes, start=1):
+            fl = f.reshape(-1, self.B ** (self.h - lvl)).sum(axis=1)
+            noise = (fl * self.p * (1 - self.p) + (1 - fl) * self.q * (1 - self.q)) / (self.p - self.q) ** 2
+            u2 = u**2
+            total += u2 @ (noise + fl) - (u @ fl) ** 2
+            G = np.repeat(G, self.B, axis=1) + u
+        return self.h * total - ((G**2) @ f - (G @ f) ** 2)
+
+    def plugin_variances(self, hist: np.ndarray, cdf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bucket and prefix variances (:meth:`query_variances`) at the plug-in histogram: the estimate clipped at 0
+        and renormalised (uniform if nothing is left). Queries in chunks (memory O(chunk · B^h)); the cost is
+        O(D · B^h), so beyond :data:`EXACT_VARIANCE_MAX_D` buckets (and for the raw tree) the per-range raw
+        formula is used instead — conservative for the consistent estimate, whose variance it exceeds in every
+        case the tests check."""
+        if not self.consistency or self.D > EXACT_VARIANCE_MAX_D:
+            clip = lambda x: float(np.clip(x, 0.0, 1.0))  # noqa: E731
+            return (np.array([self.raw_range_variance(j, j, clip(hist[j])) for j in range(self.D)]),
+                    np.array([self.raw_range_variance(0, j, clip(cdf[j])) for j in range(self.D)]))
+        f = np.clip(np.asarray(hist, dtype=float), 0.0, None)
+        f = f / f.sum() if f.sum() > 0 else np.full(self.D, 1.0 / self.D)
+        eye = np.eye(self.D)
+        out = []
+        for weights in (eye, np.tril(np.ones((self.D, self.D)))):  # buckets, then prefixes [0, j]
+            step = max(1, (1 << 22) // (self.leaves * (self.h + 1)))
+            out.append(np.concatenate([self.query_variances(weights[i : i + step], f)
+                                       for i in range(0, self.D, step)]))
+        return out[0], out[1]
+
+    def raw_range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:
         """First-order per-user variance of the raw range estimate (module docstring); f split by piece length."""
         a, b = check_range(a, b, self.D)
         f = np.asarray(f, dtype=float)

@@ -25,10 +25,13 @@ bucket are taken as spread uniformly): through ``(x_0, 0)`` and ``(x_{j+1}, F_j)
 generalised inverse ``inf{x : F(x) ≥ q}``. **Quantile intervals invert the CDF band**: with the pointwise band
 ``[F_j - z·s_j, F_j + z·s_j]`` (on the consistent CDF, clipped to [0, 1]) made monotone conservatively (the lower
 curve by a running minimum from the right, the upper by a running maximum from the left, so no pointwise
-interval shrinks), and interpolated linearly like the CDF, the interval for the q-quantile is
-``[U^{-1}(q), L^{-1}(q)]``: the x where the upper curve reaches q, to the x where the lower curve does. If the CDF
-interval at the true quantile covers q, the quantile interval covers the true quantile (up to the within-bucket
-interpolation), so its coverage is that of the pointwise CDF interval near the quantile.
+interval shrinks), the interval for the q-quantile x* is **at bucket resolution**: from the last edge x_j with
+``U_j < q`` to the first edge x_k with ``L_k ≥ q``. If the band covers F at those two edges, F(x_j) < q ≤ F(x_k),
+so x_j < x* ≤ x_k whatever the values' shape inside the buckets: its coverage is at least the band's at those
+edges, and close to 100 % when the band is narrower than the bucket's mass (the quantile is then known to the
+bucket, no finer). ``interpolate=True`` inverts the linearly interpolated band, ``[U^{-1}(q), L^{-1}(q)]``: up to a
+bucket narrower, but valid only if the values spread uniformly within each bucket — on a skewed metric whose
+median sits in a steep bucket it under-covers (docs/generated/results.md, section 9, measures both).
 """
 
 from __future__ import annotations
@@ -168,16 +171,23 @@ class DistributionEstimate:
         upper = np.maximum.accumulate(upper)
         return lower, upper
 
-    def quantile_interval(self, q: Any) -> tuple[np.ndarray, np.ndarray] | None:
-        """``[U^{-1}(q), L^{-1}(q)]`` from the inverted CDF band (module docstring); None without a variance."""
+    def quantile_interval(self, q: Any, interpolate: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+        """The inverted CDF band at bucket resolution (module docstring): from the last edge where the upper
+        curve is below q to the first edge where the lower curve reaches q. ``interpolate=True`` inverts the
+        linearly interpolated band instead, ``[U^{-1}(q), L^{-1}(q)]`` (narrower; valid only if the values spread
+        uniformly within each bucket). None without a variance."""
         band = self.cdf_band()
         if band is None:
             return None
         qa = _check_q(q)
         lower, upper = band
         edges = np.asarray(self.edges)
-        return (_generalised_inverse(edges, self._curve(upper), qa),
-                _generalised_inverse(edges, self._curve(lower), qa))
+        if interpolate:
+            return (_generalised_inverse(edges, self._curve(upper), qa),
+                    _generalised_inverse(edges, self._curve(lower), qa))
+        first_upper = np.searchsorted(self._curve(upper), qa, side="left")  # U(x_0) = 0 < q, so ≥ 1
+        first_lower = np.searchsorted(self._curve(lower), qa, side="left")  # L(x_D) = 1 ≥ q, so ≤ D
+        return edges[first_upper - 1], edges[np.minimum(first_lower, self.D)]
 
 
 def _check_q(q: Any) -> np.ndarray:

@@ -11,7 +11,7 @@ from pathlib import Path
 from simulations.eval.common import EvalConfig, Section
 from simulations.eval.methods import audit_rows
 
-__all__ = ["write_report", "render_report", "REPORT_NAME", "PARTIAL_REPORT_NAME"]
+__all__ = ["write_report", "render_report", "splice_sections", "REPORT_NAME", "PARTIAL_REPORT_NAME"]
 
 REPORT_NAME = "results.md"
 PARTIAL_REPORT_NAME = "results-partial.md"
@@ -122,3 +122,47 @@ def write_report(
     path = config.out_dir / (PARTIAL_REPORT_NAME if partial else REPORT_NAME)
     path.write_text(render_report(sections, config, total_seconds, repo_root, partial), encoding="utf-8")
     return path
+
+
+def _summary_bullet_prefix(section: Section) -> str:
+    return f"- **{section.title.split('. ', 1)[-1]}** — "
+
+
+def splice_sections(report: str, sections: Sequence[Section], note: str) -> str:
+    """``report`` (a full ``results.md``) with each of ``sections`` replaced in place (``--in-place``).
+
+    A section's block runs from its ``## <title>`` heading to the next ``## `` heading (appended at the end if the
+    report lacks it); its summary bullets replace the old ones at their place (or follow the last bullet); the
+    contents list gains its title if missing. ``note`` is added under the section (when and how it was regenerated).
+    Everything else — the header, the other sections, the bottom line — is kept as it is.
+    """
+    for section in sections:
+        block = section.to_markdown().rstrip("\n") + f"\n\n<sub>{note}</sub>\n"
+        heading = f"## {section.title}\n"
+        start = report.find(heading)
+        if start < 0:
+            report = report.rstrip("\n") + "\n\n" + block
+        else:
+            nxt = report.find("\n## ", start + len(heading))
+            end = len(report) if nxt < 0 else nxt + 1
+            report = report[:start] + block + ("\n" if nxt >= 0 else "") + report[end:]
+        lines = report.split("\n")
+        prefix = _summary_bullet_prefix(section)
+        bullets = [prefix + h for h in section.headline]
+        old = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+        if old:
+            lines[old[0] : old[-1] + 1] = bullets
+        else:
+            summary = lines.index("## Summary: where each mechanism wins and where it loses")
+            contents = lines.index("## Contents")
+            last = max((i for i in range(summary, contents) if lines[i].startswith("- **")), default=summary + 1)
+            lines[last + 1 : last + 1] = bullets
+        contents = lines.index("## Contents")
+        end = next((i for i in range(contents + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        entries = [i for i in range(contents + 1, end) if lines[i].startswith("- ")]
+        titles = [lines[i][2:] for i in entries]
+        if section.title not in titles:
+            at = (entries[-1] + 1) if entries else contents + 2
+            lines.insert(at, f"- {section.title}")
+        report = "\n".join(lines)
+    return report.rstrip("\n") + "\n"

@@ -27,6 +27,7 @@ from protocols.distribution import (
     query_variance,
     square_wave_parameters,
 )
+from protocols.distribution.choose import query_ranges
 from protocols.distribution.hierarchical import decompose, tree_height
 from tests.conftest import EPSILONS
 
@@ -214,8 +215,39 @@ def test_hierarchical_range_variance_at_zero_matches_the_paper_form():
     vf = mech.q * (1 - mech.q) / (mech.p - mech.q) ** 2
     for a, b in [(0, 0), (1, 62), (5, 40), (16, 31)]:
         m = sum(n.size for n in decompose(a, b, 4, 3).values())
-        assert math.isclose(mech.range_variance(a, b, 0.0), 3 * m * vf, rel_tol=1e-12)
-    assert mech.range_variance(0, 63, 1.0) == 0.0  # the root is known
+        assert math.isclose(mech.raw_range_variance(a, b, 0.0), 3 * m * vf, rel_tol=1e-12)
+    assert mech.raw_range_variance(0, 63, 1.0) == 0.0  # the root is known
+    assert mech.range_variance(0, 63, 1.0) == pytest.approx(0.0, abs=1e-12)  # consistent: the root too
+
+
+@pytest.mark.parametrize("D, B", [(16, 4), (64, 2), (20, 3), (16, 16)])
+def test_consistency_adjoint_is_the_transpose_of_the_consistent_tree(D, B, rng):
+    """The raw node weights of a leaf query on the consistent tree equal those found by probing consistent_levels
+    with each raw node (the map is affine: probe minus the all-zero tree)."""
+    mech = HierarchicalIntervals(1.0, D, B, "oue")
+    zero = [np.ones(1)] + [np.zeros(B**lvl) for lvl in range(1, mech.h + 1)]
+    base = mech.consistent_levels(zero)[mech.h][:D]
+    cols = []
+    for lvl in range(1, mech.h + 1):
+        for i in range(B**lvl):
+            probe = [x.copy() for x in zero]
+            probe[lvl][i] = 1.0
+            cols.append(mech.consistent_levels(probe)[mech.h][:D] - base)
+    W = rng.normal(size=(4, D))
+    assert np.allclose(np.concatenate(mech._consistency_adjoint(W), axis=1), W @ np.array(cols).T, atol=1e-12)
+
+
+def test_consistent_variance_with_a_decomposition_is_the_raw_formula():
+    """query_variances' general formula, fed a raw range's decomposition weights, is the module's raw formula."""
+    mech = HierarchicalIntervals(2.0, 64, branching=4, oracle="oue")
+    hist = np.full(64, 1 / 64)
+    nodes = decompose(5, 40, 4, mech.h)
+    u = [np.zeros((1, 4**lvl)) for lvl in range(1, mech.h + 1)]
+    for lvl, idx in nodes.items():
+        u[lvl - 1][0, idx] = 1.0
+    mech._consistency_adjoint = lambda W: u  # the raw estimator's node weights
+    assert mech.query_variances(np.zeros((1, 64)), hist)[0] == pytest.approx(
+        mech.raw_range_variance(5, 40, 36 / 64), rel=1e-12)
 
 
 def test_hierarchical_needs_every_level(rng):
@@ -306,6 +338,23 @@ def test_auto_picks_the_least_analytic_variance_and_excludes_square_wave():
     assert choose_distribution_mechanism(1.0, 64, "histogram").method.startswith("flat_")
 
 
+def test_auto_considers_every_branching_optimal_branching_does():
+    """At D = 16 the one-level tree (B = 16: the flat oracle made consistent with the known total) has the least
+    consistent CDF variance at ε = 4; auto and optimal_branching must agree on it."""
+    choice = choose_distribution_mechanism(4.0, 16, "cdf")
+    assert choice.method == f"hierarchical_oue_B{optimal_branching(4.0, 16, 'oue', 'cdf')}" == "hierarchical_oue_B16"
+    assert choice.variances["hierarchical_oue_B16"] < choice.variances["flat_oue"] / 2
+
+
+def test_auto_ranks_hierarchical_methods_by_their_consistent_variance():
+    """The consistent estimate's variance (what the mechanism returns) ranks the trees, not the raw formula."""
+    mech = HierarchicalIntervals(1.0, 64, 4, "oue")
+    assert query_variance(mech, "cdf") == pytest.approx(np.mean(
+        [mech.range_variance(0, j, (j + 1) / 64) for _, j in query_ranges(64, "cdf")]))
+    assert query_variance(mech, "cdf") < np.mean(
+        [mech.raw_range_variance(0, j, (j + 1) / 64) for _, j in query_ranges(64, "cdf")])
+
+
 def test_auto_rejects_bad_queries():
     with pytest.raises(ValueError):
         choose_distribution_mechanism(1.0, 64, "median")
@@ -334,3 +383,27 @@ def test_device_path_imports_no_scipy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_quantile_intervals_cover_the_truth_at_bucket_resolution():
+    """The quantile interval's ends are bucket edges and contain the exact grid quantile of a noiseless estimate."""
+    hist = np.array([0.1, 0.4, 0.3, 0.2])
+    est = DistributionEstimate(hist, np.cumsum(hist), 1000, "exact", True, np.full(4, 0.01), np.full(4, 0.01))
+    lo, hi = est.quantile_interval([0.3, 0.5, 0.95])
+    edges = np.linspace(0, 1, 5)
+    assert set(lo) | set(hi) <= set(edges)
+    q = est.quantile([0.3, 0.5, 0.95])
+    assert np.all(lo <= q) and np.all(q <= hi)
+
+
+def test_large_grids_fall_back_to_the_conservative_raw_formula(monkeypatch):
+    """Beyond EXACT_VARIANCE_MAX_D the CDF intervals use the raw formula (exact variance costs O(D·B^h))."""
+    from protocols.distribution import hierarchical
+
+    mech = HierarchicalIntervals(1.0, 64, 4, "oue")
+    hist = np.full(64, 1 / 64)
+    exact = mech.plugin_variances(hist, np.cumsum(hist))[1]
+    monkeypatch.setattr(hierarchical, "EXACT_VARIANCE_MAX_D", 32)
+    raw = mech.plugin_variances(hist, np.cumsum(hist))[1]
+    assert raw[10] == pytest.approx(mech.raw_range_variance(0, 10, 11 / 64))
+    assert np.all(exact[:-1] <= raw[:-1] * 1.001)

@@ -124,3 +124,56 @@ def test_the_bottom_line_follows_the_measurements():
     assert "never beats flat OUE sums here (never at ε = 1)" in b and "does pay" not in b
     assert "×10 that of a fresh HM report" in a and "its memoization cuts the budget spent (mean 30 against 120" in a
     assert "its memoization does not cut the budget spent (mean 150 against 120" in b
+
+
+def _distribution_tables(square_wins: bool, auto_right: bool, coverage: float):
+    from simulations.eval import exp_distribution as X
+
+    errors, picks = {}, {}
+    for pop in ("Adult age", "telemetry"):
+        for e in EPS:
+            row = {m: _stat(1.0 / e, 0.01, 10) for m in X.METHODS}
+            row["hierarchical OUE"] = _stat(0.5 / e, 0.01, 10)
+            if square_wins:
+                row["Square Wave"] = _stat(0.2 / e, 0.01, 10)
+            row[X.AUTO] = row["hierarchical OUE"] if auto_right else row["flat OLH"]
+            errors.setdefault(pop, {})[e] = {"KS": row, "p99 rank": dict(row)}
+            picks.setdefault(pop, {})[e] = {"KS": "hierarchical OUE B=4" if auto_right else "flat OLH",
+                                            "p99 rank": "hierarchical OUE B=4" if auto_right else "flat OLH"}
+    cov = {m: {e: {"CDF": _stat(coverage), "p50": _stat(1.0), "p99": _stat(0.99),
+                   "p50 interpolated": _stat(0.80 if e == 4.0 else 0.95)} for e in EPS} for m in ("flat OUE", "HaarHRR")}
+    return errors, picks, cov
+
+
+def test_distribution_conclusions_follow_the_measurements():
+    from simulations.eval import exp_distribution as X
+
+    a_head, a_find = X.conclusions(*_distribution_tables(square_wins=False, auto_right=True, coverage=0.951))
+    b_head, b_find = X.conclusions(*_distribution_tables(square_wins=True, auto_right=False, coverage=0.90))
+    a, b = " ".join(a_head + a_find), " ".join(b_head + b_find)
+    # who wins where, counted over the cells
+    assert "Lowest error over 8 (population, ε, query class) cells: hierarchical OUE 8." in a_head[0]
+    assert "Square Wave 8" in b_head[0] and "hierarchical OUE" not in b_head[0].split(".")[0]
+    # whether auto picks the winner
+    assert "auto's pick is the lowest or statistically tied with it in 8 of 8" in a_head[0] and "misses" not in a
+    assert "in 0 of 8" in b_head[0] and "it misses in 8" in b_head[0]
+    assert "auto: flat OLH, best it could pick: hierarchical OUE" in b
+    # whether coverage is within 2 points of nominal
+    assert "pointwise CDF intervals 95.1–95.1 %: 4 of 4 (method, ε) cells within ±2 points, 0 below" in a_head[1]
+    assert "pointwise CDF intervals 90.0–90.0 %: 0 of 4 (method, ε) cells within ±2 points, 4 below (flat OUE at " \
+           "ε = 1 (90.0 %);" in b_head[1]
+    # conservative bucket-resolution quantile intervals are "above", the interpolated ones below where measured so
+    assert "quantile intervals (bucket resolution) 99.0–100.0 %: 0 of 8 (method, ε, quantile) cells within ±2 " \
+           "points, 8 above, 0 below" in a_head[1]
+    assert "interpolated quantile intervals 80.0–95.0 %: 2 of 4 (method, ε, quantile) cells within ±2 points, " \
+           "2 below (flat OUE p50 at ε = 4 (80.0 %); HaarHRR p50 at ε = 4 (80.0 %))" in a_head[1]
+
+
+def test_distribution_conclusions_separate_square_wave_from_auto_misses():
+    from simulations.eval import exp_distribution as X
+
+    errors, picks, cov = _distribution_tables(square_wins=True, auto_right=True, coverage=0.95)
+    head, find = X.conclusions(errors, picks, cov)
+    assert "in 8 more only Square Wave (no analytic variance, so never auto's pick) beats it" in head[0]
+    assert "Only Square Wave beats auto's pick in: Adult age KS at ε = 1, 4; Adult age p99 rank at ε = 1, 4" in find[-2]
+    assert "misses" not in head[0]

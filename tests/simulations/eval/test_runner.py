@@ -136,3 +136,31 @@ def test_device_level_comparison_spends_the_same_budget(quick_run):
     assert min(GRR(4.0, 14).variance(0.0), OUE(4.0, 14).variance(0.0)) > 0
     for name in data["mse"]:
         assert set(data["mse"][name]) >= {"OUE every round (ε = B/T)", "DDRM-k, c = 1 declared changes"}
+
+
+def test_distribution_section_measures_every_method_auto_and_coverage(quick_run):
+    """Experiment 9 in quick mode: every method and auto measured on every query class, coverage fractions in
+    [0, 1] for the methods with intervals (not Square Wave), wall times for every method, and conclusions that
+    name the measured winners."""
+    from simulations.eval import exp_distribution as X
+
+    _, sections, _, _ = quick_run
+    section = sections["distribution"]
+    data = section.data
+    assert len(data["populations"]) == 3
+    for pop, by_eps in data["errors"].items():
+        assert set(by_eps) == set(X.QUICK_EPSILONS)
+        for eps, by_class in by_eps.items():
+            assert {c for c, _, _ in X.query_classes(16 if pop.startswith("Adult") else X.TELEMETRY_D)} == set(by_class)
+            for cls, row in by_class.items():
+                assert set(row) == {*X.METHODS, X.AUTO}
+                assert all(s.mean >= 0 and s.n == 2 for s in row.values()), (pop, eps, cls)
+                assert data["auto_pick"][pop][eps][cls] != "Square Wave"
+    assert set(data["coverage"]) == set(X.METHODS) - {"Square Wave"}
+    for by_eps in data["coverage"].values():
+        for row in by_eps.values():
+            assert set(row) == set(X.COVERAGE_KINDS)
+            assert all(0.0 <= s.mean <= 1.0 for s in row.values())
+    assert set(data["timing"]) == set(X.METHODS)
+    assert section.headline[0].startswith("Lowest error over ")
+
