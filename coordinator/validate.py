@@ -52,7 +52,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from coordinator.decode import StreamDecoder
@@ -217,10 +217,18 @@ class Validator:
                 self._reported.pop(config.round_id, None)
             self._missing_rounds.pop(config.round_id, None)
 
-    def batch_committed(self) -> None:
+    def batch_committed(self, reports: Sequence[StoredReport] | None = None) -> None:
+        """A batch is durably committed: forget its reservations (its rows are in the store now). ``reports`` — the
+        batch's accepted reports — forgets only theirs (the ingest validates the next batch while this one commits);
+        None forgets every reservation."""
         with self._lock:
-            self._pending.clear()
-            self._rows.clear()
+            if reports is None:
+                self._pending.clear()
+                self._rows.clear()
+                return
+            for r in reports:
+                self._pending.pop((r.device_id, r.seq), None)
+                self._rows.pop((r.device_id, r.seq), None)
 
     # ------------------------------------------------------------------ checks
     def check(self, topic: str, payload: bytes, now: float | None = None) -> StoredReport:
@@ -359,24 +367,46 @@ class Validator:
         group cannot be decoded (the store then marks it for a rebuild instead). The rows parsed when the reports
         were validated are reused; a report this validator did not accept in the current batch is decoded from its
         stored body."""
-        groups: dict[tuple[str, str], list[StoredReport]] = defaultdict(list)
-        for r in reports:
-            groups[(r.round_id, r.stream)].append(r)
-        out: dict[tuple[str, str], Statistics] = {}
+        return self.aggregator(reports)(reports)
+
+    def aggregator(self, reports: Sequence[StoredReport]) -> Callable[[Sequence[StoredReport]], dict[tuple[str, str],
+                                                                                                     Statistics]]:
+        """:meth:`statistics` for any subset of ``reports``, as a function that no longer needs this validator: the
+        rows and decoders are taken now, under the validator's lock, so that the store's transaction can call it
+        without that lock (the ingest validates the next batch — which may read the store — meanwhile)."""
         with self._lock:
+            rows = {(r.device_id, r.seq): self._rows.get((r.device_id, r.seq), _UNKNOWN) for r in reports}
+            decoders: dict[tuple[str, str], StreamDecoder | str] = {}
+            for r in reports:
+                key = (r.round_id, r.stream)
+                if key not in decoders:
+                    try:
+                        decoders[key] = self._decoder(r.round_id, r.stream,
+                                                      self._round(r.round_id).params.streams[r.stream])
+                    except (ValueError, KeyError) as exc:  # raised when aggregating: the store marks it for a rebuild
+                        decoders[key] = f"{'/'.join(key)}: {type(exc).__name__}: {exc}"
+
+        def aggregate(stored: Sequence[StoredReport]) -> dict[tuple[str, str], Statistics]:
+            groups: dict[tuple[str, str], list[StoredReport]] = defaultdict(list)
+            for r in stored:
+                groups[(r.round_id, r.stream)].append(r)
+            out: dict[tuple[str, str], Statistics] = {}
             for (round_id, stream), members in groups.items():
-                spec = self._round(round_id).params.streams[stream]
-                dec = self._decoder(round_id, stream, spec)
-                rows = [self._rows.get((r.device_id, r.seq), _UNKNOWN) for r in members]
-                if any(row is _UNKNOWN for row in rows):
+                dec = decoders[(round_id, stream)]
+                if isinstance(dec, str):
+                    raise ValueError(dec)
+                got = [rows.get((r.device_id, r.seq), _UNKNOWN) for r in members]
+                if any(row is _UNKNOWN for row in got):
                     decoded = dec.from_bodies([r.body for r in members])
                     if decoded.dropped:
                         raise ValueError(f"{decoded.dropped} accepted bodies of {round_id}/{stream} do not decode")
                     stacked = decoded.reports
                 else:
-                    stacked = dec.entry.decode_rows(dec.mechanism, rows)
+                    stacked = dec.entry.decode_rows(dec.mechanism, got)
                 out[(round_id, stream)] = dec.entry.statistics(dec.mechanism, stacked)
-        return out
+            return out
+
+        return aggregate
 
     def _decoder(self, round_id: str, stream: str, spec: StreamSpec) -> StreamDecoder:
         """The round's stream decoder (its mechanism built once per round and stream; ValueError if it cannot be)."""
