@@ -441,7 +441,7 @@ def measure_latency(db: str, reps: int, old_reps: int) -> dict[str, Any]:
     counts: list[float] = []
     for _ in range(reps):  # what the endpoint does besides the estimates, to key its cache
         t0 = time.perf_counter()
-        n = sum(store.report_counts(ROUND).values())
+        n = store.round_report_count(ROUND)
         counts.append(time.perf_counter() - t0)
     store.close()
     return {"n": n, "counts": counts, "cold": cold, "new": new, "whole": whole, "old": old, "http_cold": http[0],
@@ -683,8 +683,8 @@ def render(res: dict[str, Any]) -> str:
                + (": within the target too" if not over else
                   ": over the target at " + ", ".join(f"{r['n']:,}" for r in over))
                + f"; its median went from {_f(1e3 * statistics.median(lo['http']))} to "
-               f"{_f(1e3 * statistics.median(hi['http']))} ms. Besides the estimates it counts the round's stored "
-               "reports to key its cache (`Store.report_counts`, an index range as long as the round): "
+               f"{_f(1e3 * statistics.median(hi['http']))} ms. Besides the estimates it reads the round's report count "
+               "to key its cache (`Store.round_report_count`: the aggregates' n, a few rows): "
                + ", ".join(f"{_f(1e3 * statistics.median(r['counts']))} ms" for r in lat) + " (median) at these sizes.")
     out.append(f"- Memory: the coordinator peaked at {_mib(rss)} for {n:,} devices ({rss / n:,.0f} B per device, both "
                f"processes), mosquitto at {_mib(res['broker_rss'])} with the whole round queued; the SQLite file "
