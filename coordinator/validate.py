@@ -51,7 +51,7 @@ import json
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -155,6 +155,7 @@ class Validator:
         #: (device_id, seq) → the parsed report row of an accepted report, until its batch is committed: what
         #: :meth:`statistics` aggregates without parsing the stored body again
         self._rows: dict[tuple[str, int], Any] = {}
+        self._committed: deque[list[tuple[str, int]]] = deque()  # (device_id, seq) of committed batches, to forget
         self._missing_rounds: dict[str, float] = {}  # round id → monotonic time of the store lookup that missed
         self._devices_loaded = self._rounds_loaded = 0.0
         self.reload()
@@ -219,16 +220,23 @@ class Validator:
 
     def batch_committed(self, reports: Sequence[StoredReport] | None = None) -> None:
         """A batch is durably committed: forget its reservations (its rows are in the store now). ``reports`` — the
-        batch's accepted reports — forgets only theirs (the ingest validates the next batch while this one commits);
-        None forgets every reservation."""
+        batch's accepted reports — forgets only theirs, and without waiting for the validator's lock (the ingest
+        validates the next batch meanwhile): they are dropped when the next batch is checked — until then a copy
+        still finds its reservation, and is a duplicate as it would be in the store. None forgets every
+        reservation now."""
+        if reports is not None:
+            self._committed.append([(r.device_id, r.seq) for r in reports])  # deque.append: atomic
+            return
         with self._lock:
-            if reports is None:
-                self._pending.clear()
-                self._rows.clear()
-                return
-            for r in reports:
-                self._pending.pop((r.device_id, r.seq), None)
-                self._rows.pop((r.device_id, r.seq), None)
+            self._pending.clear()
+            self._rows.clear()
+
+    def _forget_committed(self) -> None:
+        """Drop the reservations of the batches committed since (the caller holds the lock)."""
+        while self._committed:
+            for key in self._committed.popleft():
+                self._pending.pop(key, None)
+                self._rows.pop(key, None)
 
     # ------------------------------------------------------------------ checks
     def check(self, topic: str, payload: bytes, now: float | None = None) -> StoredReport:
@@ -256,6 +264,7 @@ class Validator:
         authentic: list[tuple[int, wire.Report, StreamSpec, Any]] = []
         groups: dict[tuple[str, str], list[int]] = {}
         with self._lock:
+            self._forget_committed()
             for i, (topic, payload) in enumerate(messages):
                 try:
                     report, spec, row = self._authenticate(topic, payload, t)
