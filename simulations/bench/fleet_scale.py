@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.rounds import RoundManager
-from coordinator.store import SQLiteStore, StoredReport
+from coordinator.store import SQLITE_CACHE_KIB, SQLiteStore, StoredReport
 from protocols import wire
 from protocols.contract import StreamSpec, make_body, normalise
 from simulations.bench.ingest import (_Broker, _cpu_seconds, _mosquitto_pub_lines, _start_worker,
@@ -582,8 +582,9 @@ def render(res: dict[str, Any]) -> str:
         + f" — each device reporting one stream: {n:,} reports of {res['size']:.0f} bytes on average, privatized "
         f"and signed in {res['sign_s']:.0f} s to a file, in a random arrival order. One mosquitto on loopback "
         f"(persistence on, a queue of up to {n:,} messages per session), QoS 1; the coordinator is `haarvest "
-        f"coordinator run` over MQTT {res['protocol']} (batch ≤ 2000 / 20 ms, SQLite WAL synchronous=FULL, the "
-        "stream aggregates in the same transaction), draining the queue the broker kept for its persistent session "
+        f"coordinator run` over MQTT {res['protocol']} (batch ≤ 2000 / 20 ms, each batch validated while the "
+        f"previous one commits; SQLite WAL synchronous=FULL, a {SQLITE_CACHE_KIB // 1024} MiB page cache, the stream "
+        "aggregates in the same transaction), draining the queue the broker kept for its persistent session "
         f"while it was stopped. Load average (1 min) {res['load_start']} at the start, {res['load_end']} at the "
         "end; 2 cores.",
         "",
