@@ -420,8 +420,8 @@ class IngestWorker:
 
     def _process_once(self, run: _Run, batch: list[tuple[str, bytes]], number: int,
                       checked: _Checked | None = None) -> list[tuple[str, bytes]]:
-        with self._validation_lock:
-            if checked is None or checked.epoch != run.epoch:
+        if checked is None or checked.epoch != run.epoch:  # only this thread changes the epoch: no lock to read it
+            with self._validation_lock:
                 if run.needs_reload:
                     self.validator.reload()
                     run.needs_reload = False
