@@ -382,7 +382,9 @@ class Validator:
                                                                                                      Statistics]]:
         """:meth:`statistics` for any subset of ``reports``, as a function that no longer needs this validator: the
         rows and decoders are taken now, under the validator's lock, so that the store's transaction can call it
-        without that lock (the ingest validates the next batch — which may read the store — meanwhile)."""
+        without that lock (the ingest validates the next batch — which may read the store — meanwhile). The
+        statistics of all of ``reports`` are computed now (by the ingest's validate thread, off the commit's path);
+        a subset's when asked for."""
         with self._lock:
             rows = {(r.device_id, r.seq): self._rows.get((r.device_id, r.seq), _UNKNOWN) for r in reports}
             decoders: dict[tuple[str, str], StreamDecoder | str] = {}
@@ -415,7 +417,19 @@ class Validator:
                 out[(round_id, stream)] = dec.entry.statistics(dec.mechanism, stacked)
             return out
 
-        return aggregate
+        try:  # computed now (the ingest's validate thread), handed over as is unless some were stored already
+            every, failed = aggregate(reports), None
+        except (ValueError, TypeError, KeyError, IndexError) as exc:  # raised in the store's transaction, as before
+            every, failed = {}, exc
+
+        def aggregate_stored(stored: Sequence[StoredReport]) -> dict[tuple[str, str], Statistics]:
+            if len(stored) != len(reports):  # a subset: the others were stored meanwhile (a redelivery)
+                return aggregate(stored)
+            if failed is not None:
+                raise failed
+            return every
+
+        return aggregate_stored
 
     def _decoder(self, round_id: str, stream: str, spec: StreamSpec) -> StreamDecoder:
         """The round's stream decoder (its mechanism built once per round and stream; ValueError if it cannot be)."""
