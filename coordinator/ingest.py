@@ -9,7 +9,10 @@ cores at once. It hands over batches of ``(topic, payload)``; each batch is vali
 accepted, duplicate and rejected alike. A crash before the commit loses nothing (the broker redelivers the
 unacknowledged messages); a crash between commit and PUBACK makes the redelivered copies ``duplicate``
 (acknowledged, not stored again). Batches are committed one at a time, in arrival order; the receiver keeps at most
-a few of them in flight, then the broker holds the rest.
+a few of them in flight, then the broker holds the rest. A validate thread checks the next batch (reserving its
+reports in the validator, in arrival order) while the commit thread commits the previous one — SQLite's commit and
+fsync release the GIL, so the two overlap; a batch validated ahead of a commit that fails is validated again, in
+order, from the store's state.
 
 The receiver dies with this process (end of file on its pipe; it exits without acknowledging anything in flight).
 If it dies alone, it is restarted; the batches it handed over and that commit afterwards are acknowledged by
@@ -29,14 +32,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from coordinator.metrics import Metrics
 from coordinator.mqtt_receiver import IngestSettings, new_client
 from coordinator.quarantine import FloodGuard
-from coordinator.store import Store, StoredReport
+from coordinator.store import Aggregate, Store, StoredReport
 from coordinator.validate import DUPLICATE, Validator, per_device_counters
 from protocols import wire
 
@@ -110,6 +113,11 @@ class _Run:
         self.stopping = threading.Event()  # no receiver restart from now on
         self.subscribed = threading.Event()
         self.batches: queue.Queue = queue.Queue()  # (link, batch id, batch), or None: the reader has finished
+        #: (link, batch id, sequence number, batch, _Checked or None), or None: validated ahead of their commit
+        self.validated: queue.Queue = queue.Queue(maxsize=1)
+        self.epoch = 0  # bumped by a failed commit: what was validated before it is validated again
+        self.validated_upto = -1  # sequence number of the last batch validated in this epoch
+        self.needs_reload = False  # a validation failed midway: its reservations are void until a reload
         self.threads: list[threading.Thread] = []
 
 
@@ -132,9 +140,25 @@ def receipts_for(results: Sequence[StoredReport | wire.WireError]) -> list[tuple
             for d in sorted(set(stored) | set(rejected))]
 
 
+@dataclass
+class _Checked:
+    """A batch validated (its reports reserved in the validator) and ready to commit."""
+
+    epoch: int  # the worker's validation epoch it was validated in (a failed commit starts a new one)
+    t0: float
+    results: list[StoredReport | wire.WireError]
+    accepted: list[StoredReport]
+    rejected: Counter[str]
+    duplicates: int
+    counters: dict[str, int]
+    receipts: list[tuple[str, bytes]]
+    aggregate: Aggregate
+
+
 class IngestWorker:
     """One MQTT ingest worker: a receiver process (the MQTT client) and, here, a reader thread (the receiver's
-    messages: batches, status, publish confirmations) and a commit thread (validate, commit, answer ``done``)."""
+    messages: batches, status, publish confirmations), a validate thread and a commit thread (commit, answer
+    ``done``)."""
 
     def __init__(self, settings: IngestSettings, store: Store, validator: Validator, metrics: Metrics | None = None,
                  guard: FloodGuard | None = None,
@@ -150,6 +174,9 @@ class IngestWorker:
         #: the MQTT protocol version in use (4 = 3.1.1, 5), as the receiver reports it
         self.protocol = settings.first_protocol
         self._run: _Run | None = None
+        #: validation happens in order, one batch at a time, under this lock: by the validate thread while the
+        #: previous batch commits, or by the commit thread for a batch that must be validated again
+        self._validation_lock = threading.Lock()
         self._requests: dict[int, list] = {}  # publish request id → [Event, error]
         self._request_ids = itertools.count()
 
@@ -162,6 +189,8 @@ class IngestWorker:
         new_client(self.settings, self.settings.first_protocol)  # raises on bad TLS settings
         run = self._run = _Run(_Link(self.settings))
         run.threads = [threading.Thread(target=self._read, args=(run,), name="haarvest-ingest-read", daemon=True),
+                       threading.Thread(target=self._validate, args=(run,), name="haarvest-ingest-validate",
+                                        daemon=True),
                        threading.Thread(target=self._commit, args=(run,), name="haarvest-ingest-commit", daemon=True)]
         for thread in run.threads:
             thread.start()
@@ -188,9 +217,10 @@ class IngestWorker:
         sent = run.link.send(("stop", drain))
         if not drain or not sent:
             run.abandon.set()  # nothing more to commit, or the receiver is gone and can acknowledge nothing
-        reader, committer = run.threads
+        reader, validator, committer = run.threads
         reader.join(self.settings.drain_timeout + 10)  # "stopped" (or dead): nothing more can be acknowledged
         run.abandon.set()
+        validator.join(30)
         committer.join(30)
         run.link.close()
         self.metrics.connected = False
@@ -262,54 +292,104 @@ class IngestWorker:
             return True
         return False
 
+    def _validate(self, run: _Run) -> None:
+        """Validate the batches in arrival order, each while the previous one commits (SQLite's commit and fsync
+        release the GIL); hand them to the commit thread. A batch is validated here only if every earlier one was
+        validated in the current epoch — else (after a failed commit) it goes on unvalidated and the commit thread
+        validates it in its turn, so reservations are always made in arrival order."""
+        seq = itertools.count()
+        while True:
+            item = run.batches.get()
+            if item is None:
+                break
+            link, batch_id, batch = item
+            if run.abandon.is_set():
+                continue
+            number = next(seq)
+            checked = None
+            with self._validation_lock:
+                if run.validated_upto == number - 1:
+                    try:
+                        checked = self._check(run, batch)
+                        run.validated_upto = number
+                    except Exception:  # noqa: BLE001 - a store error: the commit thread validates it (and retries)
+                        log.warning("validating a batch of %d messages failed; retrying it in order", len(batch),
+                                    exc_info=True)
+                        run.needs_reload = True
+            while not run.abandon.is_set():
+                try:
+                    run.validated.put((link, batch_id, number, batch, checked), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+        while not run.abandon.is_set():
+            try:
+                run.validated.put(None, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
     def _commit(self, run: _Run) -> None:
         """Commit the batches in arrival order and answer ``done`` on the link each came from; once the run is
         abandoned nothing more is committed (a later batch must not commit ahead of an abandoned one: its seqs
         would pass the abandoned reports', whose redelivered copies would then be rejected as replays)."""
         while True:
-            item = run.batches.get()
+            try:
+                item = run.validated.get(timeout=0.1)
+            except queue.Empty:
+                if run.abandon.is_set() and not run.threads[1].is_alive():
+                    return
+                continue
             if item is None:
                 return
-            link, batch_id, batch = item
+            link, batch_id, number, batch, checked = item
             if not run.abandon.is_set():
-                receipts = self._process(batch, run.abandon)
+                receipts = self._process(run, batch, number, checked)
                 if receipts is not None:
                     link.send(("done", batch_id, receipts))
 
-    def _process(self, batch: list[tuple[str, bytes]],
-                 abandon: threading.Event) -> list[tuple[str, bytes]] | None:
-        """Validate, commit and acknowledge ``batch`` — retried until it commits (or ``abandon`` is set).
+    def _process(self, run: _Run, batch: list[tuple[str, bytes]], number: int,
+                 checked: _Checked | None = None) -> list[tuple[str, bytes]] | None:
+        """Validate (unless ``checked`` holds this epoch's validation), commit and acknowledge ``batch`` — retried
+        until it commits (or ``abandon`` is set).
 
         A batch is never dropped: MQTT redelivers an unacknowledged message only when the session reconnects, so a
         dropped batch would stay unacknowledged in the broker's in-flight window (which then fills: delivery stops)
         while later reports of the same devices commit and raise their high-water marks past it — the redelivered
         copies would be rejected as replays. So while the store fails (a full disk, a PostgreSQL outage), the
         batch is retried with back-off: nothing later is processed or acknowledged, the broker holds the rest,
-        ``/healthz`` says ``stalled``. Each retry starts from the store's state (:meth:`Validator.reload`). On
-        :meth:`stop` a failing batch is abandoned unacknowledged: the persistent session redelivers it to the next
-        run. Once committed: the receipts to publish (:func:`receipts_for`); None if abandoned."""
+        ``/healthz`` says ``stalled``. Each retry starts from the store's state (:meth:`Validator.reload`), and so
+        does every later batch validated before it (a new epoch). On :meth:`stop` a failing batch is abandoned
+        unacknowledged: the persistent session redelivers it to the next run. Once committed: the receipts to
+        publish (:func:`receipts_for`); None if abandoned."""
         delay = RETRY_FIRST_S
         while True:
             try:
-                return self._process_once(batch)
+                return self._process_once(run, batch, number, checked)
             except Exception:  # noqa: BLE001 - logged; the batch is retried, never lost
                 log.exception("ingest of a batch of %d messages failed; nothing of it is acknowledged, retrying",
                               len(batch))
                 self.metrics.record_failure()
+                checked = None
+            with self._validation_lock:  # what was validated after this batch is validated again, in order
+                run.epoch += 1
+                run.validated_upto = number - 1
             while True:  # the next attempt starts from the store's state: the failed one's reservations are void
-                if abandon.wait(delay):
+                if run.abandon.wait(delay):
                     log.warning("stopping with a batch of %d uncommitted messages: not acknowledged, the broker "
                                 "redelivers them", len(batch))
                     return None
                 delay = min(2 * delay, RETRY_MAX_S)
                 try:
-                    self.validator.reload()
+                    with self._validation_lock:
+                        self.validator.reload()
                     break
                 except Exception:  # noqa: BLE001 - the store is still down
                     log.warning("validator reload failed (store unavailable?); retrying in %.1f s", delay)
                     self.metrics.record_failure()
 
-    def _process_once(self, batch: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    def _check(self, run: _Run, batch: list[tuple[str, bytes]]) -> _Checked:
+        """Validate ``batch`` (the caller holds the validation lock): what its commit needs."""
         t0 = time.perf_counter()
         accepted: list[StoredReport] = []
         rejected: Counter[str] = Counter()
@@ -322,17 +402,28 @@ class IngestWorker:
                 duplicates += 1
             else:
                 rejected[result.reason] += 1
-        receipts = receipts_for(results)
         counters = dict(rejected)
         counters.update(per_device_counters(results))
         if duplicates:
             counters[DUPLICATE] = duplicates
-        inserted = self.store.commit_batch(accepted, counters, self.validator.statistics)
-        self.validator.batch_committed()
-        self.metrics.record_batch(len(batch), inserted, duplicates + (len(accepted) - inserted), rejected,
-                                  time.perf_counter() - t0)
+        return _Checked(run.epoch, t0, results, accepted, rejected, duplicates, counters, receipts_for(results),
+                        self.validator.aggregator(accepted))
+
+    def _process_once(self, run: _Run, batch: list[tuple[str, bytes]], number: int,
+                      checked: _Checked | None = None) -> list[tuple[str, bytes]]:
+        if checked is None or checked.epoch != run.epoch:  # only this thread changes the epoch: no lock to read it
+            with self._validation_lock:
+                if run.needs_reload:
+                    self.validator.reload()
+                    run.needs_reload = False
+                checked = self._check(run, batch)
+                run.validated_upto = number
+        inserted = self.store.commit_batch(checked.accepted, checked.counters, checked.aggregate)
+        self.validator.batch_committed(checked.accepted)
+        self.metrics.record_batch(len(batch), inserted, checked.duplicates + (len(checked.accepted) - inserted),
+                                  checked.rejected, time.perf_counter() - checked.t0)
         if self.guard is not None:
-            flooding = self.guard.observe(results)
+            flooding = self.guard.observe(checked.results)
             if flooding and self.on_flood is not None:
                 try:
                     self.on_flood(flooding)
@@ -340,4 +431,4 @@ class IngestWorker:
                     log.exception("could not quarantine %s", [d for d, _ in flooding])
                     for device, _ in flooding:
                         self.guard.forget(device)
-        return receipts
+        return checked.receipts

@@ -11,7 +11,10 @@ paho-mqtt ≥ 2.1 (``CallbackAPIVersion.VERSION2``), QoS 1, a persistent session
 coordinator is down) and ``manual_ack=True``. A batch closes when it is full (``batch_size``) or when its first
 message is ``batch_ms`` old as the next one arrives (then in paho's network thread), or at twice ``batch_ms`` when
 no further message comes (a flusher thread). At most :data:`MAX_BATCHES_IN_FLIGHT` batches wait for the
-coordinator; then the network thread waits too, and the broker holds the rest.
+coordinator's commit; the next closed batches wait in the receiver, and the broker's in-flight window (MQTT 5's
+Receive Maximum, ``receive_maximum``) bounds them: paho's network thread keeps reading, so the broker's
+acknowledgements of round publications and receipts are never stuck behind a drain. Receipts are queued and handed to
+paho a few hundred at a time (:data:`MAX_RECEIPTS_IN_FLIGHT`), so a round publication never waits behind them.
 
 A message is acknowledged only if it arrived on the current connection (a *generation*): after a reconnect the
 broker redelivers the earlier connection's unacknowledged messages itself, and the coordinator finds the copies
@@ -41,6 +44,7 @@ The pipe (a socketpair carrying pickled tuples, :class:`multiprocessing.connecti
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
@@ -65,13 +69,20 @@ log = logging.getLogger(__name__)
 REPORTS_WILDCARD = "haarvest/v1/reports/+"
 #: Seconds the broker keeps the session (subscription + queued QoS 1 reports) after a disconnect.
 SESSION_EXPIRY = 7 * 24 * 3600
-#: Batches handed to the coordinator and not yet committed, at most (one committing, the next ones queued).
+#: Batches handed to the coordinator and not yet committed, at most (one committing, the next ones queued). Closed
+#: batches past it wait in the receiver — paho's network thread never waits for the coordinator (it must keep reading
+#: the broker's acknowledgements of round publications and receipts) — unless the receiver holds ``receive_maximum``
+#: messages or more, which only a broker that ignores MQTT 5's Receive Maximum (or an MQTT 3.1.1 session with an
+#: unbounded in-flight window) can make it: then the network thread waits, and the broker holds the rest.
 MAX_BATCHES_IN_FLIGHT = 3
-#: Receipts published and not yet acknowledged by the broker, at most: past it a receipt is dropped (its device
-#: re-sends and is receipted as a duplicate). paho numbers a session's unacknowledged publishes with 16-bit ids, so
-#: an unbounded backlog (a broker busy delivering a deep queue acknowledges receipts slowly) reached 65,535 in the
-#: fleet-scale bench and then every publish — the round republished at start-up included — failed (ERR_QUEUE_SIZE).
-MAX_RECEIPTS_IN_FLIGHT = 10_000
+#: Receipts waiting to be published, at most: past it a receipt is dropped and counted (its device re-sends and is
+#: receipted as a duplicate).
+MAX_RECEIPTS_QUEUED = 10_000
+#: Receipts published and not yet acknowledged by the broker, at most. Below :data:`MAX_OUTGOING_IN_FLIGHT`, so that
+#: receipts never fill paho's in-flight window: a round publication is sent at once, never queued behind a drain's
+#: receipts (in the fleet-scale bench it waited behind them long enough for the coordinator's start-up republication
+#: to time out, and an unbounded receipt backlog once exhausted paho's 65,535 message ids: ERR_QUEUE_SIZE).
+MAX_RECEIPTS_IN_FLIGHT = 500
 #: Outgoing QoS 1 publishes paho keeps in flight at once (paho's default is 20).
 MAX_OUTGOING_IN_FLIGHT = 1000
 #: On a draining stop, how long to wait for the coordinator to commit what was handed over.
@@ -161,7 +172,9 @@ class Receiver:
         self._pending_since = 0.0
         self._batch_s = settings.batch_ms / 1000.0
         self._in_flight: dict[int, list[tuple[int, int, int]]] = {}  # batch id → (mid, qos, generation)
-        self._room = threading.Condition()
+        self._ready: collections.deque[list[tuple[str, bytes, int, int, int]]] = collections.deque()  # closed, unsent
+        self._ready_messages = 0
+        self._room = threading.Condition()  # _in_flight, _ready; batches are sent under it (in order)
         self._next_batch = 0
         self._generation = 0
         self._stopping = threading.Event()
@@ -173,7 +186,9 @@ class Receiver:
         self._version_failures = 0
         self._connacked = False
         self._receipt_lock = threading.Lock()  # never held while calling paho (its callbacks take this lock)
-        self._receipt_mids: set[int] = set()  # receipts published, not yet acknowledged by the broker
+        self._receipt_queue: collections.deque[tuple[str, bytes]] = collections.deque()  # not yet published
+        self._receipts_out = 0  # receipts handed to paho and not yet acknowledged by the broker
+        self._receipt_mids: set[int] = set()  # their message ids, once publish() has returned them
         self._early_acks: set[int] = set()  # acknowledged before publish() returned (or not a receipt)
         self.receipts_dropped = 0
         self.client = self._make_client()
@@ -274,12 +289,16 @@ class Receiver:
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:  # noqa: ANN001
         with self._receipt_lock:
-            if mid in self._receipt_mids:
+            receipt = mid in self._receipt_mids
+            if receipt:
                 self._receipt_mids.discard(mid)
+                self._receipts_out -= 1
             else:
                 if len(self._early_acks) > 10_000:  # round publications' ids, never claimed by a receipt
                     self._early_acks.clear()
                 self._early_acks.add(mid)
+        if receipt:
+            self._pump_receipts()
 
     def _on_message(self, client, userdata, msg) -> None:  # noqa: ANN001
         if self._stopping.is_set():
@@ -309,21 +328,35 @@ class Receiver:
                 return
 
     def _hand_over_locked(self) -> None:
+        """Close the pending batch: it is sent to the coordinator at once if fewer than
+        :data:`MAX_BATCHES_IN_FLIGHT` wait for their commit, else when one commits (:meth:`_dispatch_locked`)."""
         batch, self._pending = self._pending, []
         with self._room:
-            while len(self._in_flight) >= MAX_BATCHES_IN_FLIGHT and not self._abandoned:
-                self._room.wait(0.1)
+            while self._ready_messages >= self.settings.receive_maximum and not self._abandoned:
+                self._room.wait(0.1)  # an unbounded broker window: hold the network thread, the broker the rest
             if self._abandoned:
                 return  # stopping without draining: never acknowledged, the broker redelivers it
+            self._ready.append(batch)
+            self._ready_messages += len(batch)
+            self._dispatch_locked()
+
+    def _dispatch_locked(self) -> None:
+        """Send closed batches, in arrival order, while fewer than :data:`MAX_BATCHES_IN_FLIGHT` are uncommitted
+        (the caller holds ``_room``)."""
+        while self._ready and len(self._in_flight) < MAX_BATCHES_IN_FLIGHT and not self._abandoned:
+            batch = self._ready.popleft()
+            self._ready_messages -= len(batch)
             batch_id = self._next_batch
             self._next_batch += 1
             self._in_flight[batch_id] = [(mid, qos, gen) for _, _, mid, qos, gen in batch]
-        self._send(("batch", batch_id, [(topic, payload) for topic, payload, _, _, _ in batch]))
+            self._send(("batch", batch_id, [(topic, payload) for topic, payload, _, _, _ in batch]))
+            self._room.notify_all()
 
     def _settle(self, batch_id: int) -> None:
         """The coordinator committed ``batch_id``: acknowledge what of it arrived on the current connection."""
         with self._room:
             acks = self._in_flight.pop(batch_id, [])
+            self._dispatch_locked()
             self._room.notify_all()
         with self._ack_lock:  # no reconnect between reading the generation and queueing the PUBACKs
             generation = self._generation
@@ -332,27 +365,36 @@ class Receiver:
                     self.client.ack(mid, qos)
 
     def _receipts(self, receipts: list[tuple[str, bytes]]) -> None:
-        """Publish a committed batch's receipts (QoS 1, fire and forget: a lost receipt only makes its device
-        re-send, and the copy is receipted as a duplicate). At most :data:`MAX_RECEIPTS_IN_FLIGHT` wait for the
-        broker's acknowledgement; receipts past it are dropped and counted (``receipts_dropped``), so the receipt
-        backlog can never exhaust the session's message ids that round publications need."""
-        for topic, payload in receipts:  # only this thread publishes receipts: the check cannot be raced past
+        """Queue a committed batch's receipts for publication (QoS 1, fire and forget: a lost receipt only makes its
+        device re-send, and the copy is receipted as a duplicate). At most :data:`MAX_RECEIPTS_QUEUED` wait; receipts
+        past it are dropped and counted (``receipts_dropped``)."""
+        with self._receipt_lock:
+            room = max(MAX_RECEIPTS_QUEUED - len(self._receipt_queue), 0)
+            self._receipt_queue.extend(receipts[:room])
+            self.receipts_dropped += max(len(receipts) - room, 0)
+        self._pump_receipts()
+
+    def _pump_receipts(self) -> None:
+        """Hand queued receipts to paho while fewer than :data:`MAX_RECEIPTS_IN_FLIGHT` await the broker's
+        acknowledgement (called after a batch's receipts are queued, and on each acknowledgement of a receipt)."""
+        while True:
             with self._receipt_lock:
-                full = len(self._receipt_mids) >= MAX_RECEIPTS_IN_FLIGHT
-                if full:
-                    self.receipts_dropped += 1
-            if full:
-                continue
+                if not self._receipt_queue or self._receipts_out >= MAX_RECEIPTS_IN_FLIGHT:
+                    return
+                topic, payload = self._receipt_queue.popleft()
+                self._receipts_out += 1
             try:
                 info = self.client.publish(topic, payload, qos=1)
             except Exception:  # noqa: BLE001 - never let a receipt stop ingest
                 log.exception("receipt to %s not published", topic)
-                continue
+                info = None
             with self._receipt_lock:
-                if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+                if info is None or info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+                    self._receipts_out -= 1
                     self.receipts_dropped += 1
-                elif info.mid in self._early_acks:
+                elif info.mid in self._early_acks:  # acknowledged before publish() returned
                     self._early_acks.discard(info.mid)
+                    self._receipts_out -= 1
                 else:
                     self._receipt_mids.add(info.mid)
 
@@ -372,11 +414,11 @@ class Receiver:
         while True:
             if drain_deadline is not None:
                 with self._room:
-                    drained = not self._in_flight and not self._flush_thread.is_alive()
+                    drained = not self._in_flight and not self._ready and not self._flush_thread.is_alive()
                 if drained or time.monotonic() > drain_deadline:
                     if not drained:
                         log.warning("stopping with %d batches uncommitted: not acknowledged, the broker redelivers "
-                                    "them", len(self._in_flight))
+                                    "them", len(self._in_flight) + len(self._ready))
                     break
                 if not self.conn.poll(0.05):
                     continue

@@ -52,8 +52,8 @@ import json
 import logging
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from coordinator.decode import StreamDecoder
@@ -153,6 +153,7 @@ class Validator:
         #: (device_id, seq) → the parsed report row of an accepted report, until its batch is committed: what
         #: :meth:`statistics` aggregates without parsing the stored body again
         self._rows: dict[tuple[str, int], Any] = {}
+        self._committed: deque[list[tuple[str, int]]] = deque()  # (device_id, seq) of committed batches, to forget
         self._missing_rounds: dict[str, float] = {}  # round id → monotonic time of the store lookup that missed
         self._devices_loaded = self._rounds_loaded = 0.0
         self.reload()
@@ -215,10 +216,25 @@ class Validator:
                 self._reported.pop(config.round_id, None)
             self._missing_rounds.pop(config.round_id, None)
 
-    def batch_committed(self) -> None:
+    def batch_committed(self, reports: Sequence[StoredReport] | None = None) -> None:
+        """A batch is durably committed: forget its reservations (its rows are in the store now). ``reports`` — the
+        batch's accepted reports — forgets only theirs, and without waiting for the validator's lock (the ingest
+        validates the next batch meanwhile): they are dropped when the next batch is checked — until then a copy
+        still finds its reservation, and is a duplicate as it would be in the store. None forgets every
+        reservation now."""
+        if reports is not None:
+            self._committed.append([(r.device_id, r.seq) for r in reports])  # deque.append: atomic
+            return
         with self._lock:
             self._pending.clear()
             self._rows.clear()
+
+    def _forget_committed(self) -> None:
+        """Drop the reservations of the batches committed since (the caller holds the lock)."""
+        while self._committed:
+            for key in self._committed.popleft():
+                self._pending.pop(key, None)
+                self._rows.pop(key, None)
 
     # ------------------------------------------------------------------ checks
     def check(self, topic: str, payload: bytes, now: float | None = None) -> StoredReport:
@@ -246,6 +262,7 @@ class Validator:
         authentic: list[tuple[int, wire.Report, StreamSpec, Any]] = []
         groups: dict[tuple[str, str], list[int]] = {}
         with self._lock:
+            self._forget_committed()
             for i, (topic, payload) in enumerate(messages):
                 try:
                     report, spec, row = self._authenticate(topic, payload, t)
@@ -357,24 +374,60 @@ class Validator:
         group cannot be decoded (the store then marks it for a rebuild instead). The rows parsed when the reports
         were validated are reused; a report this validator did not accept in the current batch is decoded from its
         stored body."""
-        groups: dict[tuple[str, str], list[StoredReport]] = defaultdict(list)
-        for r in reports:
-            groups[(r.round_id, r.stream)].append(r)
-        out: dict[tuple[str, str], Statistics] = {}
+        return self.aggregator(reports)(reports)
+
+    def aggregator(self, reports: Sequence[StoredReport]) -> Callable[[Sequence[StoredReport]], dict[tuple[str, str],
+                                                                                                     Statistics]]:
+        """:meth:`statistics` for any subset of ``reports``, as a function that no longer needs this validator: the
+        rows and decoders are taken now, under the validator's lock, so that the store's transaction can call it
+        without that lock (the ingest validates the next batch — which may read the store — meanwhile). The
+        statistics of all of ``reports`` are computed now (by the ingest's validate thread, off the commit's path);
+        a subset's when asked for."""
         with self._lock:
+            rows = {(r.device_id, r.seq): self._rows.get((r.device_id, r.seq), _UNKNOWN) for r in reports}
+            decoders: dict[tuple[str, str], StreamDecoder | str] = {}
+            for r in reports:
+                key = (r.round_id, r.stream)
+                if key not in decoders:
+                    try:
+                        decoders[key] = self._decoder(r.round_id, r.stream,
+                                                      self._round(r.round_id).params.streams[r.stream])
+                    except (ValueError, KeyError) as exc:  # raised when aggregating: the store marks it for a rebuild
+                        decoders[key] = f"{'/'.join(key)}: {type(exc).__name__}: {exc}"
+
+        def aggregate(stored: Sequence[StoredReport]) -> dict[tuple[str, str], Statistics]:
+            groups: dict[tuple[str, str], list[StoredReport]] = defaultdict(list)
+            for r in stored:
+                groups[(r.round_id, r.stream)].append(r)
+            out: dict[tuple[str, str], Statistics] = {}
             for (round_id, stream), members in groups.items():
-                spec = self._round(round_id).params.streams[stream]
-                dec = self._decoder(round_id, stream, spec)
-                rows = [self._rows.get((r.device_id, r.seq), _UNKNOWN) for r in members]
-                if any(row is _UNKNOWN for row in rows):
+                dec = decoders[(round_id, stream)]
+                if isinstance(dec, str):
+                    raise ValueError(dec)
+                got = [rows.get((r.device_id, r.seq), _UNKNOWN) for r in members]
+                if any(row is _UNKNOWN for row in got):
                     decoded = dec.from_bodies([r.body for r in members])
                     if decoded.dropped:
                         raise ValueError(f"{decoded.dropped} accepted bodies of {round_id}/{stream} do not decode")
                     stacked = decoded.reports
                 else:
-                    stacked = dec.entry.decode_rows(dec.mechanism, rows)
+                    stacked = dec.entry.decode_rows(dec.mechanism, got)
                 out[(round_id, stream)] = dec.entry.statistics(dec.mechanism, stacked)
-        return out
+            return out
+
+        try:  # computed now (the ingest's validate thread), handed over as is unless some were stored already
+            every, failed = aggregate(reports), None
+        except (ValueError, TypeError, KeyError, IndexError) as exc:  # raised in the store's transaction, as before
+            every, failed = {}, exc
+
+        def aggregate_stored(stored: Sequence[StoredReport]) -> dict[tuple[str, str], Statistics]:
+            if len(stored) != len(reports):  # a subset: the others were stored meanwhile (a redelivery)
+                return aggregate(stored)
+            if failed is not None:
+                raise failed
+            return every
+
+        return aggregate_stored
 
     def _decoder(self, round_id: str, stream: str, spec: StreamSpec) -> StreamDecoder:
         """The round's stream decoder (its mechanism built once per round and stream; ValueError if it cannot be)."""

@@ -314,3 +314,47 @@ def test_store_outage_stalls_ingest_and_loses_nothing(mosquitto, tmp_path, proto
         pub.disconnect()
         pub.loop_stop()
         coord.stop()
+
+
+class _SlowStore(SQLiteStore):
+    """A store that takes ``delay`` seconds per commit: a coordinator far behind a deep queue."""
+
+    delay = 0.5
+
+    def commit_batch(self, reports, counters, aggregate=None):
+        time.sleep(self.delay)
+        return super().commit_batch(reports, counters, aggregate)
+
+
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+def test_a_deep_queue_does_not_hold_up_the_start_or_the_round_publications(mosquitto, tmp_path, protocol):
+    """A coordinator restarted on a deep queue of reports (its persistent session kept them) must subscribe,
+    republish its rounds and publish a new one while it drains — not exit. Its MQTT receiver's network thread once
+    waited for the coordinator's commits inside paho's message callback, so the SUBACK and the PUBACKs of round
+    publications queued behind the drain ("could not subscribe … in 10.0s", "publish … not confirmed") and the
+    coordinator exited and restarted over and over (the fleet-scale bench); here the drain takes ~30 s, the timeouts
+    are 10 s."""
+    fleet = SimFleet(200)
+    db = tmp_path / "c.db"
+    cfg = CoordinatorConfig(db=str(db), mqtt_port=mosquitto.port, batch_ms=5, batch_size=10, mqtt_protocol=protocol)
+    with Coordinator(cfg) as coord:  # registers the persistent session, opens the round
+        coord.import_devices(fleet.enrollment())
+        coord.open_round("r1", 1.5, PARAMS)
+    reports = signed_reports(fleet, "r1")[:600]
+    pub = publisher(mosquitto.port)
+    infos = [pub.publish(topic, payload, qos=1) for topic, payload in reports]
+    for info in infos:
+        info.wait_for_publish(30)
+    pub.disconnect()
+    pub.loop_stop()
+    store = _SlowStore(db)
+    coord = Coordinator(cfg, store=store).start()  # raised TimeoutError before: SUBACK / PUBACK behind the drain
+    try:
+        coord.open_round("r2", 1.5, PARAMS)  # published (and confirmed) while the queue drains
+        assert store.counters().get("accepted", 0) < len(reports)  # the drain was still going on
+    finally:
+        coord.ingest.stop(drain=False)
+        coord.close()
+    store = SQLiteStore(db)
+    assert {r["round_id"]: r["status"] for r in store.rounds()} == {"r1": "open", "r2": "open"}
+    store.close()
