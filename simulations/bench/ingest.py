@@ -14,6 +14,11 @@ Measured in one run, on one spawned mosquitto (persistence on, loopback):
 * **coordinator, live** — the paho publisher and the coordinator run at the same time (end to end).
 
 Ratios are coordinator rate / raw mosquitto_pub rate (the issue's target is ≥ 50 %) and / raw paho rate.
+
+A second section drains the same reports into a throwaway PostgreSQL server (:mod:`simulations.postgres`): one
+worker, two workers on a shared subscription, one worker with Ed25519 keys over MQTT 5, each with the CPU per report
+of the workers, of PostgreSQL and of mosquitto; from those, a sizing table for fleets up to 10^7 devices
+(:func:`postgres_report`, docs/scale.md).
 """
 
 from __future__ import annotations
