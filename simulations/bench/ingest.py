@@ -444,8 +444,9 @@ def postgres_report(n: int, drains: dict[tuple[int, str, str], _Drain], sqlite_3
         f"- Two workers on the shared subscription drained {two.rate:,.0f}/s, {two.rate / one.rate:.2f}× one worker. "
         f"While they did, the two workers, PostgreSQL and mosquitto kept this machine's {cores} cores "
         f"{100 * busy:.0f} % busy (CPU per report × rate): "
-        + ("the machine, not the design, bounds the second worker here; on their own cores the workers' rates add."
-           if busy > 0.8 else "the workers did not saturate the machine."),
+        + (f"the cores were saturated, so this run cannot show what a second worker adds on cores of its own (what "
+           f"the workers share is the database, {us(two.db_cpu):.0f} µs of PostgreSQL CPU per report)."
+           if busy > 0.8 else "the cores were not saturated."),
         f"- Per CPU core, a worker (both processes) validates and commits {per_core['worker']:,.0f} reports/s, "
         f"PostgreSQL stores {per_core['PostgreSQL']:,.0f}/s and mosquitto moves {per_core['mosquitto']:,.0f}/s "
         f"(HMAC, MQTT 3.1.1; Ed25519 over MQTT 5 costs a worker {us(ed.cpu) / us(one.cpu):.1f}× as much CPU).",

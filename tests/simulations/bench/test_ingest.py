@@ -44,7 +44,7 @@ def test_postgres_section_computes_its_conclusions_and_sizing_from_the_measureme
     assert "| 2 workers, HMAC, MQTT 3.1.1 | 9,000 | 4,500 | 220 µs | 60 µs | 10 µs |" in out
     assert "drained 5,000 reports/s (HMAC, MQTT 3.1.1), 62 % of the same worker over SQLite (8,000/s)" in out
     assert "drained 9,000/s, 1.80× one worker" in out
-    assert "cores 131 % busy" in out and "the machine, not the design, bounds the second worker" in out  # 9000 × 290 µs
+    assert "cores 131 % busy" in out and "the cores were saturated" in out  # 9000 × 290 µs
     assert "a worker (both processes) validates and commits 5,000 reports/s" in out  # 1e6 / 200 µs
     assert "PostgreSQL stores 20,000/s and mosquitto moves 50,000/s" in out
     # 10^7 devices every minute: 166,667/s; HMAC workers ⌈2 × 166,667 / 5,000⌉ = 67, Ed25519 ⌈2 × 166,667 / 2,000⌉
