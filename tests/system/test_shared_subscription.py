@@ -60,12 +60,14 @@ class Worker:
         self.tokens = tmp / f"{self.name}.tokens"
         self.tokens.write_text("shared-subscription-test-token\n")
         self.log = tmp / f"{self.name}.log"
+        self.key = tmp / "coordinator.key"  # one round-signing key file for both, created by whichever starts first
         self.proc: subprocess.Popen | None = None
         self.http = ""
 
     def spawn(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "haarvest", "coordinator", "run", "--db", self.dsn, "--mqtt-port", str(self.port),
+            [sys.executable, "-m", "haarvest", "coordinator", "run", "--db", self.dsn, "--key", str(self.key),
+             "--mqtt-port", str(self.port),
              "--client-id", self.name, "--share-group", "ingest", "--batch-ms", "10", "--http-port", str(free_port()),
              "--api-tokens", str(self.tokens)],
             stdout=subprocess.PIPE, stderr=open(self.log, "ab"), cwd=ROOT, text=True)
