@@ -33,8 +33,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -179,23 +180,34 @@ def _worker_command(port: int, db: Path, work: Path, name: str, protocol: str, s
 
 
 def _start_workers(port: int, db: Path | str, work: Path, names: list[str], protocol: str,
-                   share: bool) -> list[subprocess.Popen]:
+                   share: bool) -> tuple[list[subprocess.Popen], float]:
     """``haarvest coordinator run`` in its own process (as deployed) per name, all spawned at once (so that workers
-    on a shared subscription start draining together), returned once each is subscribed."""
+    on a shared subscription start draining together), returned once each is subscribed, with the wall-clock time
+    at which the first said so (``ready``: subscribed, the broker delivers from then on)."""
     root = Path(__file__).resolve().parents[2]
     procs = [subprocess.Popen(_worker_command(port, db, work, name, protocol, share), stdout=subprocess.PIPE,
                               stderr=open(work / f"{name}.log", "ab"), cwd=root,
                               env=dict(os.environ, PYTHONPATH=str(root)))
              for name in names]
-    for name, proc in zip(names, procs):
-        if b"ready" not in proc.stdout.readline():
+    lines: dict[int, tuple[bytes, float]] = {}
+
+    def read(i: int) -> None:  # each worker's "ready" timed as it comes, whichever comes first
+        lines[i] = (procs[i].stdout.readline(), time.time())
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(120)
+    for i, name in enumerate(names):
+        if b"ready" not in lines.get(i, (b"", 0.0))[0]:
             raise RuntimeError(f"coordinator {name} did not start; see {work}/{name}.log")
-    return procs
+    return procs, min(t for _, t in lines.values())
 
 
 def _start_worker(port: int, db: Path | str, work: Path, name: str, protocol: str, share: bool) -> subprocess.Popen:
     """One :func:`_start_workers`."""
-    return _start_workers(port, db, work, [name], protocol, share)[0]
+    return _start_workers(port, db, work, [name], protocol, share)[0][0]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -241,11 +253,15 @@ class _Reader:
         self.conn.close()
 
 
-def _stored_rate(db: Path | str, round_id: str, n: int, timeout: float = 600) -> float:
-    """Wait until ``n`` reports of ``round_id`` are stored; their rate from the first to the last commit.
+def _stored_rate(db: Path | str, round_id: str, n: int, timeout: float = 600, since: float | None = None) -> float:
+    """Wait until ``n`` reports of ``round_id`` are stored; their rate from the first to the last commit, or with
+    ``since`` (a wall-clock time) from then to the last commit: n / (last − since).
 
     Each report's ``received_at`` is its batch's validation time, so the first batch's reports arrived before the
-    first timestamp: they are left out of the count (rate = reports after the first batch / time span)."""
+    first timestamp: they are left out of the count (rate = reports after the first batch / time span). A receiver
+    runs ahead of its coordinator by up to three batches, and with several workers each one's first batches arrive
+    before its first timestamp, so this rate runs high for short drains; ``since`` = the workers' subscription gives
+    the conservative one."""
     deadline = time.monotonic() + timeout
     conn = _Reader(db)
     try:
@@ -261,6 +277,8 @@ def _stored_rate(db: Path | str, round_id: str, n: int, timeout: float = 600) ->
                                   (round_id, t_first))
     finally:
         conn.close()
+    if since is not None:
+        return n / max(t_last - since, 1e-9)
     return (n - first_batch) / max(t_last - t_first, 1e-9)
 
 
@@ -278,6 +296,8 @@ class _Drain:
     db_cpu: float = 0.0
     db_bytes: float = 0.0
     load: tuple[float, float] = (0.0, 0.0)
+    #: reports/s from the workers' subscription to the last commit (conservative; :func:`_stored_rate`)
+    subscribed: float = 0.0
 
 
 def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, workers: int = 1,
@@ -288,7 +308,7 @@ def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, wo
     db: Path | str = pg.create_database(label.replace("-", "_")) if pg is not None else work / f"{label}.db"
     reports = _prepare(db, fleet, label)
     names = [f"{label}-{i}" for i in range(workers)]
-    procs = _start_workers(port, db, work, names, protocol, workers > 1)
+    procs, _ = _start_workers(port, db, work, names, protocol, workers > 1)
     startup = max(_cpu_seconds(p.pid) for p in procs)  # imports, store, connect: what a start costs without work
     for p in procs:
         p.send_signal(signal.SIGTERM)
@@ -303,9 +323,10 @@ def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, wo
     time.sleep(0.5)
     size0 = _db_size(db) if pg is not None else 0.0
     b1, d1, load0 = broker_cpu(), db_cpu(), os.getloadavg()[0]
-    procs = _start_workers(port, db, work, names, protocol, workers > 1)
+    procs, ready = _start_workers(port, db, work, names, protocol, workers > 1)
     try:
         rate = _stored_rate(db, label, len(reports))
+        subscribed = _stored_rate(db, label, len(reports), since=ready)
         cpu = sum(_cpu_seconds(p.pid) - startup for p in procs)
         b2, d2, load1 = broker_cpu(), db_cpu(), os.getloadavg()[0]
         conn = _Reader(db)
@@ -317,7 +338,7 @@ def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, wo
             p.send_signal(signal.SIGTERM)
             p.wait(30)
     grown = _db_size(db) - size0 if pg is not None else 0.0
-    return _Drain(rate, cpu, b1 - b0, b2 - b1, d2 - d1, grown / len(reports), (load0, load1))
+    return _Drain(rate, cpu, b1 - b0, b2 - b1, d2 - d1, grown / len(reports), (load0, load1), subscribed)
 
 
 def _db_size(dsn: Path | str) -> float:
@@ -392,7 +413,9 @@ def _postgres_section(broker: _Broker, work: Path, ed_fleet: SimFleet, mac_fleet
     finally:
         pg.stop()
     n = len(mac_fleet) * len(STREAMS)
-    return postgres_report(n, drains, sqlite_311, len(os.sched_getaffinity(0)), time.strftime("%Y-%m-%d"))
+    drains = {k: replace(d, rate=d.subscribed) for k, d in drains.items()}
+    return postgres_report(n, drains, replace(sqlite_311, rate=sqlite_311.subscribed), len(os.sched_getaffinity(0)),
+                           time.strftime("%Y-%m-%d"))
 
 
 def _count(x: float) -> str:
@@ -417,7 +440,9 @@ def postgres_report(n: int, drains: dict[tuple[int, str, str], _Drain], sqlite_3
         f"The same {n:,} reports and broker as above; the store is one PostgreSQL server on this machine (loopback, "
         "`fsync=on`, `synchronous_commit=on`: a batch is on disk before its PUBACK, as with SQLite FULL). Workers "
         "are `haarvest coordinator run --db postgresql://… --share-group GROUP` processes draining the broker's "
-        f"queue, as above. CPU per report: the workers (both processes of each), the PostgreSQL server (every "
+        "queue, as above; reports/s here run from the workers' subscription to the last commit (conservative: the "
+        "table above counts from the first commit, after which receivers that ran ahead have batches waiting), for "
+        "the SQLite row too. CPU per report: the workers (both processes of each), the PostgreSQL server (every "
         f"backend), mosquitto (taking the reports in, then delivering them). {cores} cores: the workers, "
         "PostgreSQL and mosquitto share them.",
         "",
