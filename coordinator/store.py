@@ -571,7 +571,8 @@ class SQLiteStore(_SQLStore):
         cur.execute("BEGIN IMMEDIATE")  # the database's write lock, held to the commit
 
     def _lock_schema(self, cur: Any) -> None:
-        self._lock_writes(cur)
+        """Nothing: SQLite runs each ``CREATE TABLE IF NOT EXISTS`` atomically, and taking the write lock here would
+        make opening a store wait for (or, read-only, fail on) the database's write lock."""
 
     def _migrate(self, cur: Any) -> None:
         cur.execute("PRAGMA table_info(devices)")
