@@ -180,11 +180,14 @@ def _worker_command(port: int, db: Path, work: Path, name: str, protocol: str, s
 
 
 def _start_workers(port: int, db: Path | str, work: Path, names: list[str], protocol: str,
-                   share: bool) -> tuple[list[subprocess.Popen], float]:
+                   share: bool) -> tuple[list[subprocess.Popen], float, float]:
     """``haarvest coordinator run`` in its own process (as deployed) per name, all spawned at once (so that workers
-    on a shared subscription start draining together), returned once each is subscribed, with the wall-clock time
-    at which the first said so (``ready``: subscribed, the broker delivers from then on)."""
+    on a shared subscription start draining together), returned once each said ``ready``; with the wall-clock time
+    they were spawned and the time the first said ``ready``. ``ready`` comes after the subscription and the
+    round's republication, which waits behind a queue being delivered: with an empty queue, ready − spawned is the
+    start-up."""
     root = Path(__file__).resolve().parents[2]
+    spawned = time.time()
     procs = [subprocess.Popen(_worker_command(port, db, work, name, protocol, share), stdout=subprocess.PIPE,
                               stderr=open(work / f"{name}.log", "ab"), cwd=root,
                               env=dict(os.environ, PYTHONPATH=str(root)))
@@ -202,7 +205,7 @@ def _start_workers(port: int, db: Path | str, work: Path, names: list[str], prot
     for i, name in enumerate(names):
         if b"ready" not in lines.get(i, (b"", 0.0))[0]:
             raise RuntimeError(f"coordinator {name} did not start; see {work}/{name}.log")
-    return procs, min(t for _, t in lines.values())
+    return procs, spawned, min(t for _, t in lines.values())
 
 
 def _start_worker(port: int, db: Path | str, work: Path, name: str, protocol: str, share: bool) -> subprocess.Popen:
@@ -277,8 +280,8 @@ def _stored_rate(db: Path | str, round_id: str, n: int, timeout: float = 600, si
                                   (round_id, t_first))
     finally:
         conn.close()
-    if since is not None:
-        return n / max(t_last - since, 1e-9)
+    if since is not None:  # no later than the first commit: the drain had started by then
+        return n / max(t_last - min(since, t_first), 1e-9)
     return (n - first_batch) / max(t_last - t_first, 1e-9)
 
 
@@ -308,7 +311,8 @@ def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, wo
     db: Path | str = pg.create_database(label.replace("-", "_")) if pg is not None else work / f"{label}.db"
     reports = _prepare(db, fleet, label)
     names = [f"{label}-{i}" for i in range(workers)]
-    procs, _ = _start_workers(port, db, work, names, protocol, workers > 1)
+    procs, spawned, ready = _start_workers(port, db, work, names, protocol, workers > 1)
+    startup_s = ready - spawned  # imports, store, connect, subscribe: wall time to start with an empty queue
     startup = max(_cpu_seconds(p.pid) for p in procs)  # imports, store, connect: what a start costs without work
     for p in procs:
         p.send_signal(signal.SIGTERM)
@@ -323,10 +327,10 @@ def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, wo
     time.sleep(0.5)
     size0 = _db_size(db) if pg is not None else 0.0
     b1, d1, load0 = broker_cpu(), db_cpu(), os.getloadavg()[0]
-    procs, ready = _start_workers(port, db, work, names, protocol, workers > 1)
+    procs, spawned, _ = _start_workers(port, db, work, names, protocol, workers > 1)
     try:
         rate = _stored_rate(db, label, len(reports))
-        subscribed = _stored_rate(db, label, len(reports), since=ready)
+        subscribed = _stored_rate(db, label, len(reports), since=spawned + startup_s)
         cpu = sum(_cpu_seconds(p.pid) - startup for p in procs)
         b2, d2, load1 = broker_cpu(), db_cpu(), os.getloadavg()[0]
         conn = _Reader(db)
@@ -440,9 +444,9 @@ def postgres_report(n: int, drains: dict[tuple[int, str, str], _Drain], sqlite_3
         f"The same {n:,} reports and broker as above; the store is one PostgreSQL server on this machine (loopback, "
         "`fsync=on`, `synchronous_commit=on`: a batch is on disk before its PUBACK, as with SQLite FULL). Workers "
         "are `haarvest coordinator run --db postgresql://… --share-group GROUP` processes draining the broker's "
-        "queue, as above; reports/s here run from the workers' subscription to the last commit (conservative: the "
-        "table above counts from the first commit, after which receivers that ran ahead have batches waiting), for "
-        "the SQLite row too. CPU per report: the workers (both processes of each), the PostgreSQL server (every "
+        "queue, as above; reports/s here run from the workers' subscription (their spawn plus the start-up time "
+        "they took with an empty queue) to the last commit, for the SQLite row too — the table above counts from "
+        "the first commit, by when receivers running ahead already hold batches, which flatters short drains. CPU per report: the workers (both processes of each), the PostgreSQL server (every "
         f"backend), mosquitto (taking the reports in, then delivering them). {cores} cores: the workers, "
         "PostgreSQL and mosquitto share them.",
         "",
