@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,9 @@ class CoordinatorConfig:
 def load_or_create_key(path: str | Path | None) -> Ed25519PrivateKey:
     """The coordinator's Ed25519 key from ``path`` (base64 raw); created there (mode 0600) if missing.
 
+    The key is written in full to a temporary file first and then hard-linked to ``path``, which fails if ``path``
+    exists: of several processes starting at once (ingest workers on one host), one creates the key and the others
+    read it whole — before, the others failed with ``FileExistsError`` or read the file before it was written.
     ``None`` gives an ephemeral key (tests)."""
     if path is None:
         return wire.generate_signing_key()
@@ -84,9 +88,16 @@ def load_or_create_key(path: str | Path | None) -> Ed25519PrivateKey:
         return wire.load_private_key(p.read_text())
     key = wire.generate_signing_key()
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(wire.private_key_b64(key) + "\n")
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(wire.private_key_b64(key) + "\n")
+        os.link(tmp, p)
+    except FileExistsError:  # another process created it first: use theirs
+        return wire.load_private_key(p.read_text())
+    finally:
+        tmp.unlink(missing_ok=True)
     return key
 
 

@@ -16,7 +16,9 @@ those reports) to the ``aggregates`` table, so an estimate reads one small row p
 (:meth:`Store.aggregates`). Each store instance writes its own row per (round, stream) (``writer``, random per
 instance): workers sharing a PostgreSQL database never update the same row, and a reader sums the rows. When some
 reports of a batch were already stored (a redelivery, or another worker's copy), the transaction is redone report
-by report so only the inserted ones count — a report is counted once whatever the redeliveries. The stored reports
+by report so only the inserted ones count (PostgreSQL: one ``INSERT … RETURNING`` says which at once) — a
+report is counted once whatever the redeliveries, and of two workers racing to insert the same report, the one
+whose insert found it stored adds nothing to its aggregate. The stored reports
 stay the source of truth: a (round, stream) whose reports were committed without an aggregate function, or stored
 before aggregates existed, is marked *stale* and estimated from its reports until :meth:`Store.rebuild_aggregates`
 recomputes it (``haarvest coordinator aggregates --rebuild``).
@@ -76,6 +78,9 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS aggregates_stale (
         round_id TEXT NOT NULL, stream TEXT NOT NULL, PRIMARY KEY (round_id, stream))""",
 ]
+
+#: PostgreSQL advisory lock key held while a store creates or migrates the schema (:meth:`_SQLStore._lock_schema`)
+SCHEMA_LOCK = 0x68617276  # "harv"
 
 #: ``aggregate(inserted reports) → {(round_id, stream): Statistics}`` (see the module docstring)
 Aggregate = Callable[[list["StoredReport"]], dict[tuple[str, str], Statistics]]
@@ -247,6 +252,7 @@ class _SQLStore(Store):
         self._writer = secrets.token_hex(8)
         with self._lock:
             cur = self._conn.cursor()
+            self._lock_schema(cur)
             fresh = not self._has_table(cur, "aggregates")
             for stmt in SCHEMA:
                 cur.execute(stmt)
@@ -255,6 +261,12 @@ class _SQLStore(Store):
                 cur.execute("INSERT INTO aggregates_stale (round_id, stream) SELECT DISTINCT round_id, stream "
                             "FROM reports")
             self._conn.commit()
+
+    def _lock_schema(self, cur: Any) -> None:
+        """Hold off other processes creating or migrating the schema until this transaction ends: workers started
+        at once on a fresh PostgreSQL database would otherwise race in ``CREATE TABLE IF NOT EXISTS`` (which is not
+        atomic there: all but one fail on ``pg_type``'s unique index) and in the upgrade's first stale marks."""
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
 
     def _has_table(self, cur: Any, name: str) -> bool:
         cur.execute("SELECT to_regclass(%s)", (name,))
@@ -596,6 +608,10 @@ class SQLiteStore(_SQLStore):
     def _lock_writes(self, cur: Any) -> None:
         cur.execute("BEGIN IMMEDIATE")  # the database's write lock, held to the commit
 
+    def _lock_schema(self, cur: Any) -> None:
+        """Nothing: SQLite runs each ``CREATE TABLE IF NOT EXISTS`` atomically, and taking the write lock here would
+        make opening a store wait for (or, read-only, fail on) the database's write lock."""
+
     def _migrate(self, cur: Any) -> None:
         cur.execute("PRAGMA table_info(devices)")
         if "contract" not in {row[1] for row in cur.fetchall()}:
@@ -618,6 +634,22 @@ class PostgresStore(_SQLStore):
 
     def _end_read(self) -> None:
         self._conn.commit()
+
+    def _insert_reports(self, cur: Any, reports: list[StoredReport], exact: bool) -> list[StoredReport] | None:
+        """One pipelined ``executemany`` whose ``RETURNING`` says, row by row, which reports it inserted: exact at
+        once, also when another worker stored some of them first (its transaction waits for theirs, then the
+        conflict makes the insert a no-op that returns nothing)."""
+        if not reports:
+            return []
+        cur.executemany(f"INSERT INTO reports ({', '.join(_REPORT_COLUMNS)}) VALUES "
+                        f"({', '.join(['%s'] * len(_REPORT_COLUMNS))}) ON CONFLICT DO NOTHING RETURNING 1",
+                        [r.as_tuple() for r in reports], returning=True)
+        stored = []
+        for r in reports:  # one result set per report, in order
+            if cur.fetchall():
+                stored.append(r)
+            cur.nextset()
+        return stored
 
     def _check_connection(self) -> None:
         if self._conn.closed or self._conn.broken:

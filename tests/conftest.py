@@ -20,6 +20,29 @@ AUDIT_TRIALS = int(os.environ.get("HAARVEST_AUDIT_TRIALS", "20000"))
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 
 
+@pytest.fixture(scope="module")
+def postgres_server():
+    """A throwaway PostgreSQL server (:class:`simulations.postgres.ThrowawayPostgres`) for a test module; the test
+    skips only when psycopg or the server binaries are missing (CI installs them)."""
+    pytest.importorskip("psycopg")
+    from simulations.postgres import MissingPostgres, ThrowawayPostgres
+
+    try:
+        server = ThrowawayPostgres().start()
+    except MissingPostgres as exc:
+        pytest.skip(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres_dsn(postgres_server):
+    """The DSN of the module's PostgreSQL server (its ``postgres`` database)."""
+    return postgres_server.dsn()
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261122)

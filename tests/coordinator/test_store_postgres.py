@@ -1,14 +1,6 @@
-"""The PostgreSQL store behind the same interface: a throwaway server (initdb + pg_ctl in a temp dir)."""
+"""The PostgreSQL store behind the same interface: a throwaway server (``postgres_dsn``, tests/conftest.py)."""
 
 from __future__ import annotations
-
-import glob
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -23,44 +15,6 @@ pytestmark = pytest.mark.integration
 
 PARAMS = {"streams": {"cpu": {"kind": "numeric", "mechanism": "duchi", "params": {"epsilon": 1.0}, "dims": ["cpu"],
                               "bounds": [[0, 1]]}}}
-
-
-def _pg_bin(name: str) -> str | None:
-    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
-    return found
-
-
-@pytest.fixture(scope="module")
-def postgres_dsn():
-    pytest.importorskip("psycopg")
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if not initdb or not pg_ctl:
-        pytest.skip("PostgreSQL server binaries not installed (apt-get install postgresql)")
-    prefix: list[str] = []
-    workdir = Path(tempfile.mkdtemp(prefix="haarvest-pg-"))
-    if os.geteuid() == 0:  # initdb refuses to run as root: use the postgres system user
-        try:
-            import pwd
-
-            pw = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run the server")
-        os.chown(workdir, pw.pw_uid, pw.pw_gid)
-        prefix = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = workdir / "data"
-    subprocess.run(prefix + [initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    subprocess.run(prefix + [pg_ctl, "-D", str(data), "-l", str(workdir / "log"), "-w", "-o",
-                             f"-p {port} -k {workdir} -c listen_addresses=127.0.0.1 -c fsync=on", "start"],
-                   check=True, stdout=subprocess.DEVNULL)
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(prefix + [pg_ctl, "-D", str(data), "-m", "immediate", "stop"], stdout=subprocess.DEVNULL)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_postgres_store_two_workers(postgres_dsn):
@@ -162,5 +116,101 @@ def test_postgres_two_workers_keep_aggregates_that_merge_and_never_double_count(
     assert [c.status for c in check_aggregates(reader, ["agg"])] == ["agree"]
     assert [c.status for c in check_aggregates(reader, ["agg"], rebuild=True)] == ["rebuilt"]
     assert reader.aggregates("agg", "cpu").n == 60 and check_aggregates(reader, ["agg"])[0].status == "agree"
+    for s in (*workers, reader):
+        s.close()
+
+
+def test_postgres_workers_started_at_once_on_a_fresh_database(postgres_server):
+    """Workers starting together on an empty database all create (or find) the schema: PostgreSQL's
+    ``CREATE TABLE IF NOT EXISTS`` is not atomic (all but one failed on ``pg_type``'s unique index before the schema
+    was created under an advisory lock)."""
+    import threading
+
+    dsn = postgres_server.create_database("fresh_start")
+    barrier, errors, stores = threading.Barrier(4), [], []
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            stores.append(PostgresStore(dsn))
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and len(stores) == 4
+    assert stores[0].stale_aggregates() == set() and stores[0].counters() == {}
+    for s in stores:
+        s.close()
+
+
+def test_postgres_two_workers_commit_overlapping_batches_concurrently(postgres_server):
+    """Two workers (one connection each, in threads: psycopg waits on the server without the GIL) ingest the same
+    reports at once, in different orders and batchings, so that most reports are raced: every report is stored
+    once, each worker's aggregate row counts exactly the reports its own inserts stored (the loser of a race adds
+    nothing), the ``accepted`` and ``duplicate`` counters add up (no lost update of the shared counter rows), and
+    the merged aggregates agree with the stored reports."""
+    import threading
+
+    import numpy as np
+
+    from coordinator.aggregates import check_aggregates
+    from coordinator.decode import StreamDecoder
+    from coordinator.estimate import estimate_stream
+    from protocols.contract import StreamSpec
+
+    dsn = postgres_server.create_database("overlap")
+    workers = [PostgresStore(dsn), PostgresStore(dsn)]
+    n = 240
+    fleet = SimFleet(n, prefix="ovl", signature="hmac-sha256")
+    for rec in fleet.enrollment():
+        workers[0].upsert_device(rec["device_id"], rec["public_key"])
+    RoundManager(workers[0], wire.generate_signing_key()).open_round("ovl", 1.0, PARAMS)
+    rng = np.random.default_rng(18)
+    reports = fleet.reports("ovl", "cpu", "duchi", list(np.where(rng.random(n) < 0.4, 2.16, -2.16)))
+    orders = [rng.permutation(n), rng.permutation(n)]
+    sizes = [7, 11]
+    validators = [Validator(w) for w in workers]
+    inserted = [0, 0]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def ingest(i: int) -> None:
+        try:
+            barrier.wait()
+            order = orders[i]
+            for start in range(0, n, sizes[i]):
+                batch = [reports[j] for j in order[start:start + sizes[i]]]
+                results = validators[i].check_batch(batch)
+                accepted = [r for r in results if not isinstance(r, wire.WireError)]
+                assert len(accepted) == len(batch), results  # neither worker saw these before: its own check passes
+                inserted[i] += workers[i].commit_batch(accepted, {"batches": 1}, validators[i].statistics)
+                validators[i].batch_committed()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ingest, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    reader = PostgresStore(dsn)
+    assert reader.report_counts() == {("ovl", "cpu"): n}
+    assert sum(inserted) == n and min(inserted) > 0
+    counters = reader.counters()
+    assert counters["accepted"] == n and counters["duplicate"] == n  # each report offered twice, stored once
+    assert counters["batches"] == sum(-(-n // size) for size in sizes)
+    per_writer = dict(reader._exec("SELECT writer, n FROM aggregates WHERE round_id = 'ovl'"))
+    assert per_writer == {workers[0]._writer: inserted[0], workers[1]._writer: inserted[1]}
+    assert reader.aggregates("ovl", "cpu").n == n
+    assert [c.status for c in check_aggregates(reader, ["ovl"])] == ["agree"]
+    spec = StreamSpec.model_validate(PARAMS["streams"]["cpu"])
+    from_bodies = estimate_stream(spec, StreamDecoder.for_spec(spec).from_bodies(reader.report_bodies("ovl", "cpu")))
+    est = estimate_round(reader, "ovl")["cpu"]
+    assert est.n == n and np.allclose(est.raw, from_bodies.raw) and np.allclose(est.stderr, from_bodies.stderr)
     for s in (*workers, reader):
         s.close()
