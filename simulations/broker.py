@@ -29,7 +29,7 @@ from typing import Literal
 
 from protocols.errors import BrokerUnavailable
 
-__all__ = ["Broker", "BrokerUnavailable", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python",
+__all__ = ["Broker", "BrokerUnavailable", "MosquittoOptions", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python",
            "die_with_parent", "dynsec_plugin", "shipped_tls_conf"]
 
 Kind = Literal["auto", "mosquitto", "amqtt"]
@@ -134,6 +134,8 @@ class Broker:
     workdir: Path
     log_path: Path
     _log: object = field(default=None, repr=False)
+    #: the command that started it (:meth:`restart` runs it again)
+    cmd: list[str] = field(default_factory=list, repr=False)
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.proc.poll() is None:
@@ -147,6 +149,22 @@ class Broker:
             self._log.close()  # type: ignore[attr-defined]
             self._log = None
 
+    def start(self) -> "Broker":
+        """Start the broker again with its configuration (a stopped broker only); with persistence on, sessions and
+        queued messages survive a :meth:`stop`/:meth:`start`. :class:`BrokerUnavailable` if it does not listen."""
+        if self.proc.poll() is None:
+            return self
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL,
+                                     preexec_fn=die_with_parent)
+        _await_listening(self)
+        return self
+
+    def restart(self) -> None:
+        """:meth:`stop`, then :meth:`start`."""
+        self.stop()
+        self.start()
+
     def __enter__(self) -> "Broker":
         return self
 
@@ -154,32 +172,49 @@ class Broker:
         self.stop()
 
 
-def _start_mosquitto(exe: str, workdir: Path, host: str, port: int) -> Broker:
+def _await_listening(broker: Broker, timeout: float = 10.0) -> None:
+    try:
+        wait_port(broker.port, timeout=timeout, host=broker.host, proc=broker.proc)
+    except (TimeoutError, RuntimeError) as exc:
+        broker.stop()
+        raise BrokerUnavailable(f"{broker.kind} did not start: {exc} (log: {broker.log_path})") from None
+
+
+def _start_mosquitto(exe: str, workdir: Path, host: str, port: int, options: "MosquittoOptions") -> Broker:
     conf = workdir / "mosquitto.conf"
     lines = [
         f"listener {port} {host}",
         "allow_anonymous true",
-        "persistence false",
-        "max_queued_messages 100000",
-        "max_inflight_messages 100",
+        *(["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"] if options.persistence
+          else ["persistence false"]),
+        f"max_queued_messages {options.max_queued}",
+        f"max_inflight_messages {options.max_inflight}",
         "log_dest stderr",
         "log_type error",
         "log_type warning",
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         lines.insert(2, "user root")  # as root, mosquitto would otherwise switch to the 'mosquitto' user
-    conf.write_text("\n".join(lines) + "\n")
+    conf.write_text("\n".join(lines) + "\n" + options.extra_conf)
     log_path = workdir / "mosquitto.log"
     log = open(log_path, "ab")
-    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                            preexec_fn=die_with_parent)
-    broker = Broker("mosquitto", host, port, "5", proc, workdir, log_path, log)
-    try:
-        wait_port(port, host=host, proc=proc)
-    except (TimeoutError, RuntimeError) as exc:
-        broker.stop()
-        raise BrokerUnavailable(f"mosquitto did not start: {exc} (log: {log_path})") from None
+    cmd = [exe, "-c", str(conf)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    broker = Broker("mosquitto", host, port, "5", proc, workdir, log_path, log, cmd)
+    _await_listening(broker)
     return broker
+
+
+@dataclass(frozen=True)
+class MosquittoOptions:
+    """mosquitto settings of a throwaway broker: ``persistence`` keeps sessions and queued messages across a restart
+    (in the broker's work directory), ``max_queued`` messages per offline session, ``max_inflight`` QoS 1/2
+    messages per client (0: no limit), and ``extra_conf`` lines appended to the generated mosquitto.conf."""
+
+    persistence: bool = False
+    max_queued: int = 100_000
+    max_inflight: int = 100
+    extra_conf: str = ""
 
 
 _AMQTT_MAIN = (
@@ -206,20 +241,19 @@ def _start_amqtt(python: str, workdir: Path, host: str, port: int) -> Broker:
     log = open(log_path, "ab")
     proc = subprocess.Popen([python, "-c", _AMQTT_MAIN, str(conf)], stdout=log, stderr=log,
                             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-    broker = Broker("amqtt", host, port, "3.1.1", proc, workdir, log_path, log)
-    try:
-        wait_port(port, timeout=20.0, host=host, proc=proc)
-    except (TimeoutError, RuntimeError) as exc:
-        broker.stop()
-        raise BrokerUnavailable(f"amqtt did not start: {exc} (log: {log_path})") from None
+    broker = Broker("amqtt", host, port, "3.1.1", proc, workdir, log_path, log, [python, "-c", _AMQTT_MAIN, str(conf)])
+    _await_listening(broker, timeout=20.0)
     return broker
 
 
-def start_broker(workdir: str | Path, kind: Kind = "auto", host: str = "127.0.0.1", port: int | None = None) -> Broker:
-    """Start a broker listening on ``host:port`` (a free port by default) with its files in ``workdir``.
+def start_broker(workdir: str | Path, kind: Kind = "auto", host: str = "127.0.0.1", port: int | None = None,
+                 options: MosquittoOptions | None = None) -> Broker:
+    """Start a broker listening on ``host:port`` (a free port by default) with its files in ``workdir``: the one
+    launcher of the demo, the tests and the benchmarks.
 
     ``kind="auto"``: mosquitto if its executable exists, else amqtt if an interpreter can run it
-    (:func:`amqtt_python`); :class:`BrokerUnavailable` (with what to install) when neither is.
+    (:func:`amqtt_python`); :class:`BrokerUnavailable` (with what to install) when neither is. ``options``
+    (:class:`MosquittoOptions`) need mosquitto: with them, amqtt is not a fall-back.
     """
     if kind not in ("auto", "mosquitto", "amqtt"):
         raise ValueError(f"kind must be auto, mosquitto or amqtt, got {kind!r}")
@@ -228,8 +262,8 @@ def start_broker(workdir: str | Path, kind: Kind = "auto", host: str = "127.0.0.
     port = free_port(host) if port is None else int(port)
     exe = mosquitto_path()
     if kind in ("auto", "mosquitto") and exe is not None:
-        return _start_mosquitto(exe, workdir, host, port)
-    if kind == "mosquitto":
+        return _start_mosquitto(exe, workdir, host, port, options or MosquittoOptions())
+    if kind == "mosquitto" or options is not None:
         raise BrokerUnavailable("mosquitto is not installed (apt-get install mosquitto)")
     python = amqtt_python()
     if python is None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from simulations.broker import DEPLOY, dynsec_plugin, free_port, wait_port  # noqa: F401 - re-exported
+from simulations.broker import DEPLOY, Broker, MosquittoOptions, dynsec_plugin, free_port, mosquitto_path, start_broker  # noqa: F401
+from simulations.broker import wait_port  # noqa: F401 - re-exported
 from simulations.broker import shipped_tls_conf as _shipped_tls_conf
 
 
@@ -32,46 +31,31 @@ def shipped_tls_conf(tmp: Path, ca: Path, port: int) -> str:
 
 
 class Mosquitto:
-    """A mosquitto process with persistence in ``workdir``; ``restart()`` keeps sessions and queued messages."""
+    """A mosquitto with persistence in ``workdir`` (:func:`simulations.broker.start_broker`); ``restart()`` keeps
+    sessions and queued messages. The test skips when mosquitto is not installed."""
 
     def __init__(self, workdir: Path, port: int | None = None, extra_conf: str = "") -> None:
-        exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        if not Path(exe).exists():
+        if mosquitto_path() is None:
             pytest.skip("mosquitto is not installed (apt-get install mosquitto; .ci/run does this)")
-        self.exe = exe
         self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
-        self.conf = self.workdir / "mosquitto.conf"
-        self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\n"
-            "allow_anonymous true\n"
-            # tests run as root with 0700 temp dirs: keep mosquitto from dropping to the mosquitto user
-            "user root\n"
-            "persistence true\n"
-            f"persistence_location {self.workdir}/\n"
-            "autosave_interval 1\n"
-            "max_queued_messages 100000\n"
-            "log_dest stderr\n"
-            "log_type error\n" + extra_conf
-        )
-        self.proc: subprocess.Popen | None = None
+        self.options = MosquittoOptions(persistence=True, extra_conf=extra_conf)
+        self.broker: Broker | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        return None if self.broker is None or self.broker.proc.poll() is not None else self.broker.proc
 
     def start(self) -> "Mosquitto":
-        log = open(self.workdir / "mosquitto.log", "ab")
-        self.proc = subprocess.Popen([self.exe, "-c", str(self.conf)], stdout=log, stderr=log)
-        wait_port(self.port)
+        if self.broker is None:
+            self.broker = start_broker(self.workdir, "mosquitto", port=self.port, options=self.options)
+        else:
+            self.broker.start()
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        if self.broker is not None:
+            self.broker.stop()
 
     def restart(self) -> None:
         self.stop()

@@ -62,7 +62,7 @@ from coordinator.rounds import RoundManager
 from coordinator.store import SQLITE_CACHE_KIB, SQLiteStore, StoredReport
 from protocols import wire
 from protocols.contract import StreamSpec, make_body, normalise
-from simulations.bench.ingest import (_Broker, _cpu_seconds, _mosquitto_pub_lines, _start_worker,
+from simulations.bench.ingest import (_start_broker, _cpu_seconds, _mosquitto_pub_lines, _start_worker,
                                       _worker_command)
 
 ROUND = "fleet"
@@ -474,7 +474,7 @@ def measure(n: int, protocol: str = "5", reps: int = 20, old_reps: int = 5) -> d
                            "old_reps_full": max(2, old_reps // 2), "load_start": _load(),
                            "date": time.strftime("%Y-%m-%d")}
     work = Path(tempfile.mkdtemp(prefix="haarvest-bench-fleet-"))
-    broker = _Broker(work / "broker", max_queued=n + 1000)
+    broker = _start_broker(work / "broker", max_queued=n + 1000)
     try:
         fleet = Fleet(n)
         db = work / "fleet.db"

@@ -28,7 +28,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -39,51 +38,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
 
 from coordinator.rounds import RoundManager
 from protocols.contract import make_body, parse_round_params
 from coordinator.simfleet import SimFleet
 from coordinator.store import open_store
 from protocols import wire
+from protocols.mqtt import new_client
+from simulations.broker import Broker, MosquittoOptions, start_broker
 from simulations.postgres import MissingPostgres, ThrowawayPostgres
 
 STREAMS = ("s0", "s1", "s2", "s3")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Broker:
+def _start_broker(workdir: Path, max_queued: int = 1_000_000) -> Broker:
     """A mosquitto of our own on a free loopback port (persistence on); a persistent session may have
-    ``max_queued`` messages queued while its client is away."""
-
-    def __init__(self, workdir: Path, max_queued: int = 1_000_000) -> None:
-        exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        if not Path(exe).exists():
-            raise RuntimeError("mosquitto is not installed")
-        self.port = _free_port()
-        workdir.mkdir(parents=True, exist_ok=True)
-        conf = workdir / "mosquitto.conf"
-        conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
-                        f"persistence_location {workdir}/\nmax_queued_messages {max_queued}\nmax_inflight_messages 0\n"
-                        "log_dest stderr\nlog_type error\n")
-        self.proc = subprocess.Popen([exe, "-c", str(conf)], stderr=open(workdir / "log", "ab"))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+    ``max_queued`` messages queued while its client is away; no in-flight limit."""
+    return start_broker(workdir, "mosquitto",
+                        options=MosquittoOptions(persistence=True, max_queued=max_queued, max_inflight=0))
 
 
 def _params() -> dict:
@@ -142,8 +114,7 @@ def _mosquitto_pub_lines(port: int, lines: Path, n: int, timeout: float = 300) -
 
 
 def _paho_publisher(port: int) -> mqtt.Client:
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-pub-{os.getpid()}-{time.monotonic_ns()}",
-                         protocol=mqtt.MQTTv5)
+    client = new_client(f"bench-pub-{os.getpid()}-{time.monotonic_ns()}", mqtt.MQTTv5, persistent=False)
     client.max_inflight_messages_set(1000)
     client.max_queued_messages_set(0)
     client.connect("127.0.0.1", port)
@@ -304,7 +275,7 @@ class _Drain:
 
 
 def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, workers: int = 1,
-           broker: "_Broker | None" = None, pg: ThrowawayPostgres | None = None) -> _Drain:
+           broker: Broker | None = None, pg: ThrowawayPostgres | None = None) -> _Drain:
     """``workers`` coordinator processes (``haarvest coordinator run``; a shared subscription when more than one)
     over one SQLite file, or one PostgreSQL database of ``pg``: register their persistent sessions, stop, let the
     broker queue the fleet's reports, start them and let them drain the queue (:class:`_Drain`)."""
@@ -400,7 +371,7 @@ INTERVALS = (60, 300, 3600)
 HEADROOM = 2.0
 
 
-def _postgres_section(broker: _Broker, work: Path, ed_fleet: SimFleet, mac_fleet: SimFleet,
+def _postgres_section(broker: Broker, work: Path, ed_fleet: SimFleet, mac_fleet: SimFleet,
                       sqlite_311: _Drain) -> str:
     """The drains over PostgreSQL (1 and 2 workers on a shared subscription, HMAC over MQTT 3.1.1; 1 worker,
     Ed25519 over MQTT 5), rendered with the sizing table (:func:`postgres_report`)."""
@@ -520,7 +491,7 @@ def run(quick: bool = False) -> str:
     n_devices = 1000 if quick else 6000
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     work = Path(tempfile.mkdtemp(prefix="haarvest-bench-ingest-"))
-    broker = _Broker(work / "broker")
+    broker = _start_broker(work / "broker")
     try:
         ed_fleet = SimFleet(n_devices, "device-ed")
         mac_fleet = SimFleet(n_devices, "device-mac", signature="hmac-sha256")

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -23,26 +22,10 @@ from coordinator.service import load_or_create_key  # noqa: E402
 from edge_agent.config import create_secrets, load_config  # noqa: E402
 from edge_agent.state import State  # noqa: E402
 from protocols import wire  # noqa: E402
+from simulations.broker import free_port, wait_port  # noqa: E402
 
 pytestmark = pytest.mark.integration
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "flower"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
 
 
 def _device(d: Path, i: int, coord_pub: Path) -> dict[str, str]:
@@ -128,12 +111,12 @@ def test_loopback_deployment_tls_node_auth(fast_path):
     (d / "devices.json").write_text(json.dumps(devices))
     (d / "params.json").write_text(json.dumps({"streams": {"age": {
         "kind": "numeric", "mechanism": "hybrid", "params": {"epsilon": 1.0}, "dims": ["age"], "bounds": [[0, 15]]}}}))
-    port = _free_port()
+    port = free_port()
     link = f"127.0.0.1:{port}"
     procs = _Procs(d, env)
     try:
         procs.start("superlink", "superlink.sh", str(d / "pki"), "127.0.0.1", str(port))
-        _wait_port(port, 60)
+        wait_port(port, timeout=60)
         subprocess.run([str(DEPLOY / "connection.sh"), env["FLWR_HOME"], str(d / "pki"), link], env=env, check=True)
         for n in ("node1", "node2"):
             reg = subprocess.run([str(DEPLOY / "register.sh"), str(d / "pki" / f"{n}.key.pub")], env=env,
@@ -141,9 +124,9 @@ def test_loopback_deployment_tls_node_auth(fast_path):
             assert reg.returncode == 0 and "registered" in reg.stdout, reg.stdout + reg.stderr
         for i, n in ((1, "node1"), (2, "node2")):
             procs.start(n, "supernode.sh", str(d / "pki"), str(d / "pki" / f"{n}.key"), link, str(d / f"dev{i}.toml"),
-                        str(_free_port()))
+                        str(free_port()))
         rogue = procs.start("rogue", "supernode.sh", str(d / "pki"), str(d / "pki" / "rogue.key"), link,
-                            str(d / "dev1.toml"), str(_free_port()), SUPERNODE_MAX_RETRIES="1",
+                            str(d / "dev1.toml"), str(free_port()), SUPERNODE_MAX_RETRIES="1",
                             SUPERNODE_MAX_WAIT="20")
         run = subprocess.run([str(DEPLOY / "run.sh"), str(d / "params.json"), str(d / "coordinator.sqlite3"),
                               str(d / "coordinator.key"), str(d / "devices.json"), str(d / "out.json"),

@@ -1,0 +1,40 @@
+"""The one throwaway-broker launcher (:func:`simulations.broker.start_broker`): options, restart, refusals."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from protocols.errors import BrokerUnavailable
+from simulations import broker as broker_mod
+from simulations.broker import MosquittoOptions, mosquitto_path, start_broker
+
+pytestmark = pytest.mark.integration
+
+
+def _queued_message_survives_restart(b) -> bytes:
+    """A QoS 1 message queued for an offline persistent session is delivered after the broker restarts."""
+    sub = ["mosquitto_sub", "-p", str(b.port), "-i", "keeper", "-c", "-q", "1", "-t", "t/x", "-C", "1", "-W", "10"]
+    subprocess.run(sub[:-4] + ["-E"], check=True, timeout=15)  # register the persistent session, then leave
+    subprocess.run(["mosquitto_pub", "-p", str(b.port), "-t", "t/x", "-m", "kept", "-q", "1"], check=True, timeout=15)
+    b.restart()
+    return subprocess.run(sub, capture_output=True, check=True, timeout=15).stdout.strip()
+
+
+def test_persistent_mosquitto_keeps_queued_messages_across_restart(tmp_path):
+    if mosquitto_path() is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    options = MosquittoOptions(persistence=True, max_queued=7, max_inflight=0, extra_conf="# extra line\n")
+    with start_broker(tmp_path, "mosquitto", options=options) as b:
+        conf = (tmp_path / "mosquitto.conf").read_text()
+        assert "persistence true" in conf and "max_queued_messages 7" in conf and "max_inflight_messages 0" in conf
+        assert conf.endswith("# extra line\n")
+        assert _queued_message_survives_restart(b) == b"kept"
+    assert b.proc.poll() is not None
+
+
+def test_mosquitto_options_are_not_silently_dropped_for_amqtt(tmp_path, monkeypatch):
+    monkeypatch.setattr(broker_mod, "mosquitto_path", lambda: None)
+    with pytest.raises(BrokerUnavailable):
+        start_broker(tmp_path, "auto", options=MosquittoOptions(persistence=True))
