@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocols import catalogue, wire
-from protocols.accounting import report_charge
+from protocols.accounting import check_delta_cap, report_charge
 from protocols.catalogue import Family, Role
 from protocols.contract import DISTRIBUTION_AUTO, HeavyHitterSpec, StreamSpec
-from protocols.errors import ConfigError
+from protocols.errors import BudgetExceededError, ConfigError
 
 from .config import AgentConfig, DimensionConfig, StreamConfig
 
@@ -343,11 +343,12 @@ def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
     name, params, mech = choose_mechanism(stream, dims, epsilon)
     spec = wire.canonical_json({"mechanism": name, "params": params}).decode()
     delta = 0.0 if stream.longitudinal else _mechanism_delta(mech)
-    if delta > 0:
-        cap = cfg.ledger.delta_cap
-        if cap is None or delta > cap:
-            raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} has δ = {delta:g}; set ledger.delta_cap "
-                              f"(the most Σδ the device spends) to at least that (now {cap})")
+    cap = cfg.ledger.delta_cap
+    try:  # the ledger's δ rule, checked once at configuration for one report
+        check_delta_cap(0.0, delta, cap)
+    except BudgetExceededError:
+        raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} has δ = {delta:g}; set ledger.delta_cap "
+                              f"(the most Σδ the device spends) to at least that (now {cap})") from None
     plan = StreamPlan(
         config=stream,
         dimensions=dims,
