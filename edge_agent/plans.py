@@ -37,7 +37,7 @@ from typing import Any
 from protocols import catalogue, wire
 from protocols.accounting import check_delta_cap, report_charge
 from protocols.catalogue import Family, Role
-from protocols.contract import DISTRIBUTION_AUTO, HeavyHitterSpec, StreamSpec
+from protocols.contract import AUTO, DISTRIBUTION_AUTO, HeavyHitterSpec, StreamSpec
 from protocols.errors import BudgetExceededError, ConfigError
 
 from .config import AgentConfig, DimensionConfig, StreamConfig
@@ -310,7 +310,7 @@ def choose_mechanism(
         raise ConfigError(f"stream {stream.name!r}: mechanism {stream.mechanism!r} needs epsilon_1 and epsilon_inf")
     if stream.mechanism == DISTRIBUTION_AUTO or stream.mechanism in catalogue.names(Role.STREAM, Family.DISTRIBUTION):
         return _distribution_mechanism(stream, dims, epsilon)
-    if stream.mechanism != "auto":
+    if stream.mechanism != AUTO:
         name = stream.mechanism
         try:
             params = _constructor_params(name, stream, dims, epsilon)
@@ -325,7 +325,7 @@ def choose_mechanism(
         return name, _resolved(name, params, mech), mech
     extra = set(stream.params) - {"query"}
     if extra:
-        raise ConfigError(f"stream {stream.name!r}: mechanism 'auto' takes only params.query, got {sorted(extra)}")
+        raise ConfigError(f"stream {stream.name!r}: mechanism {AUTO!r} takes only params.query, got {sorted(extra)}")
     query = stream.params.get("query", "frequency" if kind == "categorical" else "mean")
     k = dims[0].domain_size if kind == "categorical" else None
     try:

@@ -76,6 +76,7 @@ from protocols.wire import IDENT
 __all__ = [
     "BODY_KEY",
     "HAAR_MECHANISM",
+    "AUTO",
     "DISTRIBUTION_AUTO",
     "haar_params_from_components",
     "StreamKind",
@@ -96,6 +97,9 @@ __all__ = [
 BODY_KEY = "report"
 #: ``Report.mechanism`` of a Haar-record stream.
 HAAR_MECHANISM = "haar"
+#: A device's configured mechanism meaning "the lower-variance mechanism" (protocols.pipeline.choose_mechanism,
+#: edge_agent.plans); in an enrolment contract it admits whatever mechanism a round names (:meth:`StreamSpec.admits`).
+AUTO = "auto"
 #: A device's configured mechanism meaning "the least-variance distribution mechanism" (edge_agent.plans); in an
 #: enrolment contract it admits any distribution mechanism a round names (:meth:`StreamSpec.admits`).
 DISTRIBUTION_AUTO = "distribution_auto"
@@ -342,7 +346,7 @@ class StreamSpec(_Model):
         ``auto`` admits whatever the round names, ``distribution_auto`` any mechanism of a distribution stream (the
         device's round contract follows the round's distribution mechanism — edge_agent.round_contract), any other
         name only itself."""
-        if enrolled == "auto":
+        if enrolled == AUTO:
             return True
         if enrolled == DISTRIBUTION_AUTO:
             return self.kind == "distribution"

@@ -52,7 +52,7 @@ import numpy as np
 from protocols.accounting import memo_charge, report_charge
 from protocols.base import check_bounds
 from protocols import catalogue
-from protocols.contract import clip, denormalise, normalise
+from protocols.contract import AUTO, clip, denormalise, normalise
 from protocols.memo_key import canonical_codes, canonical_value
 from protocols.pipeline import choose_mechanism
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, round_reading
@@ -281,7 +281,7 @@ class MemoizedPipeline:
         params = dict(mechanism_params or {})
         name: str | None = None
         if isinstance(mechanism, str):
-            if mechanism == "auto":  # the device's ``auto`` (edge_agent.plans): the same chooser, the same winner
+            if mechanism == AUTO:  # the device's ``auto`` (edge_agent.plans): the same chooser, the same winner
                 if params:
                     raise ValueError("mechanism 'auto' takes no mechanism_params")
                 name, _, self.mechanism = choose_mechanism(epsilon, self.d, query).deployed()
