@@ -219,8 +219,8 @@ def _auto_choice(epsilon: float, d: int, query: str, k: int | None) -> tuple[str
 @functools.lru_cache(maxsize=64)
 def _distribution_auto_choice(epsilon: float, D: int, query: str, length: Any) -> Any:
     """``protocols.distribution.choose_distribution_mechanism``'s mechanism (cached like :func:`_auto_choice`: it
-    ranks ~30 candidates by their analytic variances, ~20 ms, and agents of a fleet share the answer; the
-    mechanisms hold no state after construction)."""
+    ranks every candidate mechanism and branching by its analytic variance, O(candidates·D) work, and agents of a
+    fleet share the answer; the mechanisms hold no state after construction)."""
     from protocols.distribution import choose_distribution_mechanism
 
     return choose_distribution_mechanism(epsilon, D, query, length).mechanism
