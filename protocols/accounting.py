@@ -338,7 +338,7 @@ class Charge:
 class SpendReport:
     """Spend under each composition theorem. Each (ε, δ) pair is a valid guarantee on its own.
 
-    ``best_epsilon`` is the smallest of the three ε, valid with δ = ``best_delta`` (the largest δ among them).
+    ``best_epsilon`` is the smallest of the three ε, valid with its own δ (at most the largest δ among them).
     """
 
     n_charges: int
@@ -351,10 +351,6 @@ class SpendReport:
     @property
     def best_epsilon(self) -> float:
         return min(self.basic[0], self.advanced[0], self.rdp[0])
-
-    @property
-    def best_delta(self) -> float:
-        return max(self.basic[1], self.advanced[1], self.rdp[1])
 
 
 @dataclass

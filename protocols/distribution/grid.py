@@ -60,10 +60,6 @@ class BucketGrid:
         """Raw values → bucket indices in [0, D) (int64), after clipping to [lo, hi]."""
         return unit_to_bucket(self.unit(values), self.D)
 
-    def from_unit(self, u: Any) -> np.ndarray:
-        """Positions in [0, 1] → raw values (quantiles are computed on the unit scale, then mapped back)."""
-        return self.lo + np.asarray(u, dtype=float) * (self.hi - self.lo)
-
 
 def unit_to_bucket(u: Any, D: int) -> np.ndarray:
     """``u ∈ [0, 1]`` → ``min(⌊u·D⌋, D - 1)`` (the right end 1 belongs to the last bucket)."""
