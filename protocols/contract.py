@@ -87,6 +87,7 @@ __all__ = [
     "parse_round_params",
     "make_body",
     "body_row",
+    "body_row_of",
     "clip",
     "normalise",
     "denormalise",
@@ -443,11 +444,16 @@ def _check_row(row: Any, length: int | None) -> None:
         raise ValueError(f"expected {length} numbers, got {len(row)}")
 
 
-def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
-    """The row inside a report body, after cheap structural checks (ValueError if it cannot be this stream's)."""
+def body_row_of(body: Any) -> Any:
+    """The row of a report body ``{BODY_KEY: row}`` (:func:`make_body`'s inverse; ValueError for any other shape)."""
     if not isinstance(body, dict) or set(body) != {BODY_KEY}:
         raise ValueError(f"body must be {{{BODY_KEY!r}: row}}")
-    row = body[BODY_KEY]
+    return body[BODY_KEY]
+
+
+def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
+    """The row inside a report body, after cheap structural checks (ValueError if it cannot be this stream's)."""
+    row = body_row_of(body)
     if spec.kind == "haar":
         from protocols.haar import padded_size  # numpy only; keep the contract's import light
 
