@@ -312,8 +312,10 @@ class StreamSpec(_Model):
             if self.bounds is None or len(self.bounds) != len(self.dims):
                 raise ValueError("numeric streams need one [lo, hi] bound per dimension")
             for lo, hi in self.bounds:
-                if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                    raise ValueError(f"bounds must be finite with lo < hi, got [{lo}, {hi}]")
+                try:
+                    check_bounds(lo, hi)
+                except ValueError:
+                    raise ValueError(f"bounds must be finite with lo < hi, got [{lo}, {hi}]") from None
         elif self.bounds is not None:
             raise ValueError(f"a {self.kind} stream has no bounds")
         if self.units is not None and (self.bounds is None or len(self.units) != len(self.dims)
