@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from protocols.catalogue import Entry, Family
-from protocols.contract import BODY_KEY, StreamSpec
+from protocols.contract import BODY_KEY, StreamSpec, body_row_of
 
 __all__ = ["StreamDecoder", "DecodedReports"]
 
@@ -187,9 +187,8 @@ def _body_rows(bodies: list[str]) -> list[Any]:
     """Body texts → their rows, one by one (fallback); undecodable bodies become None (dropped later)."""
     out: list[Any] = []
     for text in bodies:
-        try:
-            body = json.loads(text)
-            out.append(body[BODY_KEY] if isinstance(body, dict) and set(body) == {BODY_KEY} else None)
+        try:  # the contract's body check (protocols.contract.body_row_of)
+            out.append(body_row_of(json.loads(text)))
         except (ValueError, RecursionError):
             out.append(None)
     return out

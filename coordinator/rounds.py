@@ -30,6 +30,7 @@ from coordinator.estimate import StreamEstimate, select_heavy_hitters
 from protocols.contract import HeavyHitterSpec, RoundParams, StreamSpec, parse_round_params
 from coordinator.store import Store
 from protocols import wire
+from protocols.base import check_bounds
 from protocols.rounding import quantise_step, quantised_step
 
 __all__ = ["RoundManager", "check_round_params", "plan_rounding_steps", "plan_heavy_hitters",
@@ -181,9 +182,7 @@ def plan_rounding_steps(means: Sequence[Sequence[float]], stderrs: Sequence[Sequ
     the cap commutes with it). Fewer than two rounds: the finest step ``(hi - lo)/K_base``.
     Uses only published aggregates (post-processing).
     """
-    lo_a, hi_a = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
-    if np.any(hi_a <= lo_a):
-        raise ValueError("bounds must have lo < hi")
+    lo_a, hi_a = check_bounds(lo, hi)
     if k_base < 1 or eta <= 0 or not 0 < max_fraction <= 1:
         raise ValueError("need k_base >= 1, eta > 0 and 0 < max_fraction <= 1")
     width = hi_a - lo_a

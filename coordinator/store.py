@@ -566,8 +566,9 @@ class _SQLStore(Store):
 
 
 #: SQLite's page cache per connection, KiB (SQLite's default is 2,000): the reports' unique indexes and the
-#: high-water marks take device ids in random order, so a batch touches pages all over them — at 10⁶ reports about
-#: a hundred MiB that no longer fit the default cache (each batch re-read them). Allocated as used: a small database
+#: high-water marks take device ids in random order, so a batch touches pages all over them — O(reports) index pages,
+#: which at fleet scale no longer fit the default cache (each batch re-read them; the "Fleet scale" section of
+#: ``make bench`` measures it). Allocated as used: a small database
 #: costs what it holds.
 SQLITE_CACHE_KIB = 131_072
 #: WAL pages that trigger a checkpoint (SQLite's default is 1,000): at 10⁶ reports one batch of random index updates

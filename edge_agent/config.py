@@ -72,6 +72,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocols import wire
+from protocols.contract import AUTO
 from protocols.errors import ConfigError
 from protocols.toml_file import read_toml
 
@@ -185,7 +186,7 @@ class StreamConfig(_Model):
 
     name: Ident
     dimensions: list[Ident] = Field(min_length=1)
-    mechanism: str = "auto"
+    mechanism: str = AUTO
     params: dict[str, Any] = Field(default_factory=dict)
     epsilon: float | None = Field(None, gt=0)
     epsilon_1: float | None = Field(None, gt=0)

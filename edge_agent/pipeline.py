@@ -235,7 +235,7 @@ class Pipeline:
         if client is None:
             kwargs: dict[str, Any] = {"secret": self._secret, "stream": plan.name, "memo_style": "stateless",
                                       "rng": os_rng()}
-            if getattr(plan.mechanism, "device_parameter", None) == "seed":
+            if plan.mechanism.device_parameter == "seed":  # a longitudinal protocol's ClassVar
                 kwargs["seed"] = device_seed(self._secret, plan.name)
             client = plan.mechanism.client(**kwargs)
             self._clients[key] = client

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocols import catalogue, wire
-from protocols.accounting import report_charge
+from protocols.accounting import check_delta_cap, report_charge
 from protocols.catalogue import Family, Role
-from protocols.contract import DISTRIBUTION_AUTO, HeavyHitterSpec, StreamSpec
-from protocols.errors import ConfigError
+from protocols.contract import AUTO, DISTRIBUTION_AUTO, HeavyHitterSpec, StreamSpec
+from protocols.errors import BudgetExceededError, ConfigError
 
 from .config import AgentConfig, DimensionConfig, StreamConfig
 
@@ -219,8 +219,8 @@ def _auto_choice(epsilon: float, d: int, query: str, k: int | None) -> tuple[str
 @functools.lru_cache(maxsize=64)
 def _distribution_auto_choice(epsilon: float, D: int, query: str, length: Any) -> Any:
     """``protocols.distribution.choose_distribution_mechanism``'s mechanism (cached like :func:`_auto_choice`: it
-    ranks ~30 candidates by their analytic variances, ~20 ms, and agents of a fleet share the answer; the
-    mechanisms hold no state after construction)."""
+    ranks every candidate mechanism and branching by its analytic variance, O(candidates·D) work, and agents of a
+    fleet share the answer; the mechanisms hold no state after construction)."""
     from protocols.distribution import choose_distribution_mechanism
 
     return choose_distribution_mechanism(epsilon, D, query, length).mechanism
@@ -310,7 +310,7 @@ def choose_mechanism(
         raise ConfigError(f"stream {stream.name!r}: mechanism {stream.mechanism!r} needs epsilon_1 and epsilon_inf")
     if stream.mechanism == DISTRIBUTION_AUTO or stream.mechanism in catalogue.names(Role.STREAM, Family.DISTRIBUTION):
         return _distribution_mechanism(stream, dims, epsilon)
-    if stream.mechanism != "auto":
+    if stream.mechanism != AUTO:
         name = stream.mechanism
         try:
             params = _constructor_params(name, stream, dims, epsilon)
@@ -325,7 +325,7 @@ def choose_mechanism(
         return name, _resolved(name, params, mech), mech
     extra = set(stream.params) - {"query"}
     if extra:
-        raise ConfigError(f"stream {stream.name!r}: mechanism 'auto' takes only params.query, got {sorted(extra)}")
+        raise ConfigError(f"stream {stream.name!r}: mechanism {AUTO!r} takes only params.query, got {sorted(extra)}")
     query = stream.params.get("query", "frequency" if kind == "categorical" else "mean")
     k = dims[0].domain_size if kind == "categorical" else None
     try:
@@ -343,11 +343,12 @@ def build_stream_plan(cfg: AgentConfig, stream: StreamConfig) -> StreamPlan:
     name, params, mech = choose_mechanism(stream, dims, epsilon)
     spec = wire.canonical_json({"mechanism": name, "params": params}).decode()
     delta = 0.0 if stream.longitudinal else _mechanism_delta(mech)
-    if delta > 0:
-        cap = cfg.ledger.delta_cap
-        if cap is None or delta > cap:
-            raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} has δ = {delta:g}; set ledger.delta_cap "
-                              f"(the most Σδ the device spends) to at least that (now {cap})")
+    cap = cfg.ledger.delta_cap
+    try:  # the ledger's δ rule, checked once at configuration for one report
+        check_delta_cap(0.0, delta, cap)
+    except BudgetExceededError:
+        raise ConfigError(f"stream {stream.name!r}: mechanism {name!r} has δ = {delta:g}; set ledger.delta_cap "
+                              f"(the most Σδ the device spends) to at least that (now {cap})") from None
     plan = StreamPlan(
         config=stream,
         dimensions=dims,

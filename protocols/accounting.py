@@ -338,7 +338,7 @@ class Charge:
 class SpendReport:
     """Spend under each composition theorem. Each (ε, δ) pair is a valid guarantee on its own.
 
-    ``best_epsilon`` is the smallest of the three ε, valid with δ = ``best_delta`` (the largest δ among them).
+    ``best_epsilon`` is the smallest of the three ε, valid with its own δ (at most the largest δ among them).
     """
 
     n_charges: int
@@ -351,10 +351,6 @@ class SpendReport:
     @property
     def best_epsilon(self) -> float:
         return min(self.basic[0], self.advanced[0], self.rdp[0])
-
-    @property
-    def best_delta(self) -> float:
-        return max(self.basic[1], self.advanced[1], self.rdp[1])
 
 
 @dataclass
@@ -408,7 +404,8 @@ class Accountant:
     * ``declare_disjoint(group, streams)``: those streams touch disjoint data → parallel composition (max);
     * ``report(delta, stream=None)``: :class:`SpendReport` for one stream or for everything;
     * optional caps (basic composition, the conservative device-side rule): ``set_cap(stream, ε)``, ``total_cap``
-      and ``delta_cap`` (Σδ, :func:`check_delta_cap`; without it δ is not capped); a charge that would exceed one
+      and ``delta_cap`` (Σδ, :func:`check_delta_cap`, the device's rule; without a ``delta_cap`` the cap is
+      infinite — δ > 0 charges are admitted for analysis, which a device without ``ledger.delta_cap`` refuses); a charge that would exceed one
       raises :class:`BudgetExceededError` and records nothing.
 
     State is plain data (:meth:`to_state` / :meth:`from_state`) so a ledger can persist it.
@@ -504,9 +501,12 @@ class Accountant:
             before = self._unit_totals(with_rdp=False).eps
             after = self._unit_totals(extra=c, with_rdp=False).eps
             check_cap("total_cap", before, after - before, self.total_cap, "total", "total cap")
-        if self.delta_cap is not None:  # as for the total: a disjoint group's δ counts its worst stream
-            before_t, after_t = self._unit_totals(with_rdp=False), self._unit_totals(extra=c, with_rdp=False)
-            check_delta_cap(before_t.delta, after_t.delta - before_t.delta, self.delta_cap)
+        # as for the total: a disjoint group's δ counts its worst stream. The device's rule (check_delta_cap),
+        # with this ledger's "no delta_cap" read as an infinite cap: the Accountant also composes (ε, δ) charges
+        # for analysis (report(), the Gaussian RDP curves), where δ is stated, not capped.
+        before_t, after_t = self._unit_totals(with_rdp=False), self._unit_totals(extra=c, with_rdp=False)
+        check_delta_cap(before_t.delta, after_t.delta - before_t.delta,
+                        math.inf if self.delta_cap is None else self.delta_cap)
 
     # ------------------------------------------------------------ queries
     @property

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,8 @@ __all__ = [
     "check_bounds",
     "check_categories",
     "confidence_interval",
+    "normal_half_width",
+    "normal_quantile",
     "os_rng",
 ]
 
@@ -112,18 +115,27 @@ def check_categories(values: Any, k: int, name: str = "values") -> np.ndarray:
     return arr
 
 
+def normal_quantile(level: float) -> float:
+    """z with ``P[|Z| ≤ z] = level`` (two-sided), from the standard library (no scipy on a device)."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    return NormalDist().inv_cdf(0.5 + level / 2.0)
+
+
+def normal_half_width(per_user_variance: Any, n: int, level: float = 0.95) -> np.ndarray:
+    """The half-width ``z·sqrt(variance/n)`` of the normal-approximation interval of a mean of n i.i.d. terms."""
+    z = normal_quantile(level)
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    return z * np.sqrt(np.asarray(per_user_variance, dtype=float) / n)
+
+
 def confidence_interval(
     estimate: Any, per_user_variance: Any, n: int, level: float = 0.95
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Normal-approximation interval ``estimate ± z·sqrt(variance/n)`` (the estimators are sums of n i.i.d. terms)."""
-    if not 0 < level < 1:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
-    if n <= 0:
-        raise ValueError(f"n must be positive, got {n}")
-    from scipy import stats  # lazy: keeps scipy (~65 MiB) out of a device's memory
-
-    z = stats.norm.ppf(0.5 + level / 2)
-    half = z * np.sqrt(np.asarray(per_user_variance, dtype=float) / n)
+    """Normal-approximation interval ``estimate ± z·sqrt(variance/n)`` (the estimators are sums of n i.i.d. terms;
+    :func:`normal_half_width`)."""
+    half = normal_half_width(per_user_variance, n, level)
     est = np.asarray(estimate, dtype=float)
     return est - half, est + half
 

@@ -250,10 +250,6 @@ class Entry:
             return Statistics(0, np.zeros(int(size)), np.zeros(0))
         return Statistics(int(users(reports)), np.asarray(counts(reports), dtype=float), np.zeros(0))
 
-    def empty_statistics(self, mech: Any) -> Statistics:
-        """The statistics of no rows."""
-        return self.statistics(mech, np.empty((0, *self.row_shape(mech)), dtype=np.int64 if self.integer else float))
-
     def distribution(self, mech: Any, stats: Statistics, level: float = 0.95, edges: Any = None) -> Any:
         """A distribution stream's :class:`~protocols.distribution.DistributionEstimate` (histogram, CDF,
         quantiles with intervals) from its statistics alone."""

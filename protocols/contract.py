@@ -76,6 +76,7 @@ from protocols.wire import IDENT
 __all__ = [
     "BODY_KEY",
     "HAAR_MECHANISM",
+    "AUTO",
     "DISTRIBUTION_AUTO",
     "haar_params_from_components",
     "StreamKind",
@@ -86,6 +87,7 @@ __all__ = [
     "parse_round_params",
     "make_body",
     "body_row",
+    "body_row_of",
     "clip",
     "normalise",
     "denormalise",
@@ -96,6 +98,9 @@ __all__ = [
 BODY_KEY = "report"
 #: ``Report.mechanism`` of a Haar-record stream.
 HAAR_MECHANISM = "haar"
+#: A device's configured mechanism meaning "the lower-variance mechanism" (protocols.pipeline.choose_mechanism,
+#: edge_agent.plans); in an enrolment contract it admits whatever mechanism a round names (:meth:`StreamSpec.admits`).
+AUTO = "auto"
 #: A device's configured mechanism meaning "the least-variance distribution mechanism" (edge_agent.plans); in an
 #: enrolment contract it admits any distribution mechanism a round names (:meth:`StreamSpec.admits`).
 DISTRIBUTION_AUTO = "distribution_auto"
@@ -307,8 +312,10 @@ class StreamSpec(_Model):
             if self.bounds is None or len(self.bounds) != len(self.dims):
                 raise ValueError("numeric streams need one [lo, hi] bound per dimension")
             for lo, hi in self.bounds:
-                if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                    raise ValueError(f"bounds must be finite with lo < hi, got [{lo}, {hi}]")
+                try:
+                    check_bounds(lo, hi)
+                except ValueError:
+                    raise ValueError(f"bounds must be finite with lo < hi, got [{lo}, {hi}]") from None
         elif self.bounds is not None:
             raise ValueError(f"a {self.kind} stream has no bounds")
         if self.units is not None and (self.bounds is None or len(self.units) != len(self.dims)
@@ -342,7 +349,7 @@ class StreamSpec(_Model):
         ``auto`` admits whatever the round names, ``distribution_auto`` any mechanism of a distribution stream (the
         device's round contract follows the round's distribution mechanism — edge_agent.round_contract), any other
         name only itself."""
-        if enrolled == "auto":
+        if enrolled == AUTO:
             return True
         if enrolled == DISTRIBUTION_AUTO:
             return self.kind == "distribution"
@@ -439,11 +446,16 @@ def _check_row(row: Any, length: int | None) -> None:
         raise ValueError(f"expected {length} numbers, got {len(row)}")
 
 
-def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
-    """The row inside a report body, after cheap structural checks (ValueError if it cannot be this stream's)."""
+def body_row_of(body: Any) -> Any:
+    """The row of a report body ``{BODY_KEY: row}`` (:func:`make_body`'s inverse; ValueError for any other shape)."""
     if not isinstance(body, dict) or set(body) != {BODY_KEY}:
         raise ValueError(f"body must be {{{BODY_KEY!r}: row}}")
-    row = body[BODY_KEY]
+    return body[BODY_KEY]
+
+
+def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
+    """The row inside a report body, after cheap structural checks (ValueError if it cannot be this stream's)."""
+    row = body_row_of(body)
     if spec.kind == "haar":
         from protocols.haar import padded_size  # numpy only; keep the contract's import light
 

@@ -23,7 +23,8 @@ device never imports the coordinator to name an error.
 * :class:`RunConfigError` (coordinator.run_config): a coordinator configuration that cannot be used;
 * :class:`PublishError` (coordinator.cli): round configurations could not be published;
 * :class:`DatasetError` (simulations.datasets): a data file missing or not matching its domain;
-* :class:`BrokerUnavailable` (simulations.broker): neither mosquitto nor amqtt can be started.
+* :class:`BrokerUnavailable` (simulations.broker): neither mosquitto nor amqtt can be started;
+* :class:`MissingPostgres` (simulations.postgres): the PostgreSQL server binaries (or a ``postgres`` user) are missing.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ __all__ = [
     "PublishError",
     "DatasetError",
     "BrokerUnavailable",
+    "MissingPostgres",
 ]
 
 
@@ -251,3 +253,7 @@ class DatasetError(HaarvestError, ValueError):
 
 class BrokerUnavailable(HaarvestError, RuntimeError):
     """Neither mosquitto nor amqtt can be started here."""
+
+
+class MissingPostgres(HaarvestError, RuntimeError):
+    """The PostgreSQL server binaries (or, as root, a ``postgres`` user to run them) are not available."""

@@ -401,7 +401,9 @@ def _verify(sig: str, message: bytes, key: VerifyKey) -> None:
 
 
 def sign_report(report: Report, topic: str, key: DeviceKey) -> Report:
-    """``report`` with ``sig`` = base64 of the Ed25519 signature or HMAC-SHA256 tag of its signing message."""
+    """``report`` with ``sig`` = base64 of the Ed25519 signature or HMAC-SHA256 tag of its signing message: the
+    reference signer. Devices send :func:`signed_report_bytes` (one pass, no model copy); tests pin its bytes to
+    this one's and build signed or re-signed :class:`Report` objects with it."""
     return _sign(report, report.signing_message(topic), key)
 
 

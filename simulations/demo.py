@@ -78,7 +78,6 @@ AGENTS_PER_PROCESS = 100
 #: HS-grad, 13 = Bachelors), sex and native-country their category (the estimates are labelled with the names).
 ADULT_COLUMNS = {"age": "age", "education": "education_num", "hours": "hours_per_week", "sex": "sex",
                  "country": "native_country"}
-COUNTRY_K = 41
 #: The synthetic ``app`` dimension's categories (``maps`` grows more popular round by round).
 APP_NAMES = ("browser", "mail", "video", "maps", "music", "chat", "camera", "games")
 APP_K = len(APP_NAMES)

@@ -49,9 +49,10 @@ from typing import Any
 
 import numpy as np
 
+from protocols.accounting import memo_charge, report_charge
 from protocols.base import check_bounds
 from protocols import catalogue
-from protocols.contract import clip, denormalise, normalise
+from protocols.contract import AUTO, clip, denormalise, normalise
 from protocols.memo_key import canonical_codes, canonical_value
 from protocols.pipeline import choose_mechanism
 from protocols.rounding import AlphaRounder, EpochSteps, VolatilityDetector, round_reading
@@ -278,8 +279,9 @@ class MemoizedPipeline:
         self.lo, self.hi = _bounds(lo, hi)
         self.d = self.lo.size
         params = dict(mechanism_params or {})
+        name: str | None = None
         if isinstance(mechanism, str):
-            if mechanism == "auto":  # the device's ``auto`` (edge_agent.plans): the same chooser, the same winner
+            if mechanism == AUTO:  # the device's ``auto`` (edge_agent.plans): the same chooser, the same winner
                 if params:
                     raise ValueError("mechanism 'auto' takes no mechanism_params")
                 name, _, self.mechanism = choose_mechanism(epsilon, self.d, query).deployed()
@@ -301,6 +303,10 @@ class MemoizedPipeline:
         if static not in ("raw", "base_grid"):
             raise ValueError(f"static must be 'raw' or 'base_grid', got {static!r}")
         self.memoize = bool(memoize)
+        # the ledger's charge of one report (accounting.report_charge: value unit with the memo, device unit
+        # without); a mechanism object passed in (no catalogue name) is charged its ε
+        unit = "value" if self.memoize else "device"
+        self.report_epsilon = self.epsilon if name is None else report_charge(name, self.mechanism, self.epsilon, unit)
         self.rounding = bool(rounding)
         self.static = static
 
@@ -421,7 +427,8 @@ class MemoizedPipeline:
                 var[r] = np.nan
 
         scale = (self.hi - self.lo) / 2.0
-        charged = np.where(new_key, self.epsilon, 0.0)
+        charged = np.where(new_key, memo_charge(self.report_epsilon, memo_hit=False),
+                           memo_charge(self.report_epsilon, memo_hit=True))
         if gid is not None:
             report_table, report_index = (table, gid) if keep_reports else (None, None)
         elif keep_reports:

@@ -20,13 +20,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from protocols.errors import MissingPostgres
 from simulations.broker import free_port
 
-__all__ = ["ThrowawayPostgres", "MissingPostgres", "pg_bin"]
-
-
-class MissingPostgres(RuntimeError):
-    """The PostgreSQL server binaries (or, as root, a ``postgres`` user to run them) are not available."""
+__all__ = ["ThrowawayPostgres", "pg_bin"]
 
 
 def pg_bin(name: str) -> str | None:

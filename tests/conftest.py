@@ -25,7 +25,8 @@ def postgres_server():
     """A throwaway PostgreSQL server (:class:`simulations.postgres.ThrowawayPostgres`) for a test module; the test
     skips only when psycopg or the server binaries are missing (CI installs them)."""
     pytest.importorskip("psycopg")
-    from simulations.postgres import MissingPostgres, ThrowawayPostgres
+    from protocols.errors import MissingPostgres
+    from simulations.postgres import ThrowawayPostgres
 
     try:
         server = ThrowawayPostgres().start()

@@ -43,8 +43,6 @@ class DistributionMechanism(Mechanism):
     D: int
     #: The histogram and range estimates are unbiased (True for :class:`AnalyticDistribution`).
     unbiased: bool = False
-    #: ``range_variance`` has a closed form (True exactly for :class:`AnalyticDistribution`).
-    analytic_variance: bool = False
     #: The input is bucketised before the randomizer (False for Square Wave, which takes the unit value itself).
     bucketised: bool = True
     #: Short method name used in results and by :func:`~protocols.distribution.choose.choose_distribution_mechanism`.
@@ -123,7 +121,6 @@ class AnalyticDistribution(DistributionMechanism, AnalyticMechanism):
     (flat, hierarchical, Haar). Only these get normal intervals and are candidates of ``auto``."""
 
     unbiased = True
-    analytic_variance = True
 
     @abstractmethod
     def range_variance(self, a: int, b: int, f: Any = 0.0) -> Any:

@@ -12,12 +12,11 @@ hierarchical-interval tree with branching B a power of two then has no padded le
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-from protocols.base import check_int
+from protocols.base import check_bounds, check_int
 
 __all__ = ["BucketGrid"]
 
@@ -33,8 +32,10 @@ class BucketGrid:
             lo_f, hi_f = float(lo), float(hi)
         except (TypeError, ValueError):
             raise ValueError(f"bounds must be real numbers, got lo={lo!r}, hi={hi!r}") from None
-        if not (math.isfinite(lo_f) and math.isfinite(hi_f) and lo_f < hi_f):
-            raise ValueError(f"bounds must be finite with lo < hi, got lo={lo!r}, hi={hi!r}")
+        try:
+            check_bounds(lo_f, hi_f)
+        except ValueError:
+            raise ValueError(f"bounds must be finite with lo < hi, got lo={lo!r}, hi={hi!r}") from None
         self.D = check_int(D, "D", minimum=2, maximum=MAX_BUCKETS)
         if require_power_of_two and self.D & (self.D - 1):
             raise ValueError(f"D must be a power of two (require_power_of_two=True), got {self.D}")
@@ -59,10 +60,6 @@ class BucketGrid:
     def bucket(self, values: Any) -> np.ndarray:
         """Raw values → bucket indices in [0, D) (int64), after clipping to [lo, hi]."""
         return unit_to_bucket(self.unit(values), self.D)
-
-    def from_unit(self, u: Any) -> np.ndarray:
-        """Positions in [0, 1] → raw values (quantiles are computed on the unit scale, then mapped back)."""
-        return self.lo + np.asarray(u, dtype=float) * (self.hi - self.lo)
 
 
 def unit_to_bucket(u: Any, D: int) -> np.ndarray:

@@ -64,7 +64,8 @@ from protocols.distribution.grid import MAX_BUCKETS
 
 __all__ = ["HierarchicalIntervals", "tree_height", "decompose"]
 
-#: Largest grid whose CDF intervals use the consistent estimate's exact variance (O(D·B^h): ≈ 2 s at 4096 buckets).
+#: Largest grid whose CDF intervals use the consistent estimate's exact variance (its cost grows as O(D·B^h);
+#: ``make eval``'s distribution section times the server).
 EXACT_VARIANCE_MAX_D = 4096
 #: Largest branching considered (a level's domain is B^l; beyond this a flat oracle is the same thing).
 MAX_BRANCHING = 64

@@ -38,19 +38,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DistributionEstimate", "isotonic_regression", "normal_quantile"]
+from protocols.base import confidence_interval, normal_half_width, normal_quantile
 
-
-def normal_quantile(level: float) -> float:
-    """z with ``P[|Z| ≤ z] = level`` (two-sided)."""
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
-    return NormalDist().inv_cdf(0.5 + level / 2.0)
+__all__ = ["DistributionEstimate", "isotonic_regression"]
 
 
 def isotonic_regression(y: Any, w: Any = None) -> np.ndarray:
@@ -123,8 +117,7 @@ class DistributionEstimate:
     def _interval(self, est: np.ndarray, var: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
         if var is None:
             return None
-        half = self.z * np.sqrt(np.maximum(np.asarray(var, dtype=float), 0.0) / self.n)
-        return est - half, est + half
+        return confidence_interval(est, np.maximum(np.asarray(var, dtype=float), 0.0), self.n, self.level)
 
     def histogram_interval(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Pointwise normal interval of the raw histogram (None without an analytic variance)."""
@@ -163,7 +156,7 @@ class DistributionEstimate:
         """Monotone pointwise band around :attr:`consistent_cdf` (right edges), or None without a variance."""
         if self.cdf_variance is None:
             return None
-        half = self.z * np.sqrt(np.maximum(np.asarray(self.cdf_variance, dtype=float), 0.0) / self.n)
+        half = normal_half_width(np.maximum(np.asarray(self.cdf_variance, dtype=float), 0.0), self.n, self.level)
         half[-1] = 0.0  # F at the upper bound is 1 by definition
         lower = np.clip(self.consistent_cdf - half, 0.0, 1.0)
         upper = np.clip(self.consistent_cdf + half, 0.0, 1.0)

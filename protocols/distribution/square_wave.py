@@ -32,7 +32,7 @@ until the log-likelihood ``Σ_j c_j·log (M x)_j`` improves by less than ``tol``
 **Bias.** EMS is a penalised (smoothed) maximum-likelihood estimator: it is **biased** (smoothing flattens sharp
 features; non-negativity pulls up empty buckets) and has **no closed-form variance**, so it is a plain
 :class:`~protocols.distribution.base.DistributionMechanism` (not an ``AnalyticDistribution``: no ``range_variance``,
-``variance`` or ``bias``; ``unbiased`` and ``analytic_variance`` are False), its estimates carry no intervals, and
+``variance`` or ``bias``; ``unbiased`` is False), its estimates carry no intervals, and
 the ``auto`` policy excludes it (its accuracy is measured instead:
 ``tests/protocols/distribution/test_distribution_stats.py``).
 """

@@ -110,10 +110,15 @@ class DDRM(LongitudinalProtocol):
         from ``rng`` — so that callers creating clients of any protocol alike need not special-case trees."""
         return _tree_client(self, stream, rng, secret)  # type: ignore[return-value]
 
+    def _slots(self, reports: int) -> int:
+        """The most non-zero nodes a stream of ``reports`` reports can release: min(max_nonzero, nodes released)."""
+        return min(self.max_nonzero, int(self.released_by[reports]))
+
     def longitudinal_bound(self, n_distinct: int | None = None) -> float:
-        """max_nonzero · ε (``n_distinct``, if given, caps the number of non-zero nodes instead): each non-zero node
-        is a slot charged once (:func:`protocols.accounting.memo_slots_bound`)."""
-        return memo_slots_bound(self.epsilon_inf, self.max_nonzero, n_distinct)
+        """The most one tree can charge, ``device_epsilon(horizon)`` = ε·min(max_nonzero, nodes) (``n_distinct``, if
+        given, caps the number of non-zero nodes instead): each non-zero node is a slot charged once
+        (:func:`protocols.accounting.memo_slots_bound`)."""
+        return memo_slots_bound(self.epsilon_inf, self._slots(self.horizon), n_distinct)
 
     def _check_stream(self, values: Any, time_axis: bool = True) -> np.ndarray:
         arr = np.asarray(values)
@@ -138,8 +143,7 @@ class DDRM(LongitudinalProtocol):
         released by then). Any stream reports at most that many non-zero nodes, and the loss of a pair is at most
         ε·max(|A|, |B|) (module docstring); two streams whose non-zero nodes coincide with opposite signs attain it.
         It depends on the number of changes allowed, not on the number of reports once the tree is large enough."""
-        t = check_int(reports, "reports", 0, self.horizon)
-        return self.epsilon_inf * min(self.max_nonzero, int(self.released_by[t]))
+        return memo_slots_bound(self.epsilon_inf, self._slots(check_int(reports, "reports", 0, self.horizon)))
 
     def charged_total(self, values: Any, **device: Any) -> float:
         """ε per non-zero node reported (after truncation)."""
@@ -371,8 +375,7 @@ class CategoricalDDRM(LongitudinalProtocol):
     def longitudinal_bound(self, n_distinct: int | None = None) -> float:
         """The most one tree can charge, ``device_epsilon(horizon)`` = ε·min(M, k·R(T)) (``n_distinct``, if given,
         caps the number of non-zero (node, indicator) pairs instead)."""
-        pairs = min(self.max_nonzero, self.k * int(self.tree.released_by[self.horizon]))
-        return memo_slots_bound(self.epsilon_inf, pairs, n_distinct)
+        return memo_slots_bound(self.epsilon_inf, self._slots(self.horizon), n_distinct)
 
     def transcript_epsilon_bound(self, values_a: Any, values_b: Any, **device: Any) -> float:
         """The worst-case log-likelihood ratio between the (node, indicator) bits of two streams — exact for the
@@ -386,8 +389,11 @@ class CategoricalDDRM(LongitudinalProtocol):
 
     def device_epsilon(self, reports: int) -> float:
         """ε · min(M, k·R(reports)): the exact worst case over any two streams (class docstring)."""
-        t = check_int(reports, "reports", 0, self.horizon)
-        return self.epsilon_inf * min(self.max_nonzero, self.k * int(self.tree.released_by[t]))
+        return memo_slots_bound(self.epsilon_inf, self._slots(check_int(reports, "reports", 0, self.horizon)))
+
+    def _slots(self, reports: int) -> int:
+        """The most non-zero (node, indicator) pairs ``reports`` reports can release: min(M, k·R(reports))."""
+        return min(self.max_nonzero, self.k * int(self.tree.released_by[reports]))
 
     def step_charge(self, t: int) -> float:
         """What report t (1-based) of a tree adds to :meth:`device_epsilon` (0 once the change budget is covered)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from protocols import wire
+from protocols.contract import make_body
 
 __all__ = ["ALGORITHMS", "key_costs", "key_costs_text"]
 
@@ -25,7 +26,7 @@ def key_costs(reports: int = 1000) -> dict[str, tuple[float, float]]:
         verify_key = wire.load_registry_key(wire.registry_key(key))
         topic = wire.report_topic("dev-0")
         reps = [wire.Report(device_id="dev-0", boot=1, seq=i + 1, round_id="r1", stream="age", mechanism="hm",
-                            body={"v": [0.5 * (i % 7)] * 16}) for i in range(reports)]
+                            body=make_body([0.5 * (i % 7)] * 16)) for i in range(reports)]
         sign, verify = [], []
         for _ in range(5):
             t0 = time.perf_counter()

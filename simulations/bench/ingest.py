@@ -46,7 +46,8 @@ from coordinator.store import open_store
 from protocols import wire
 from protocols.mqtt import new_client
 from simulations.broker import Broker, MosquittoOptions, start_broker
-from simulations.postgres import MissingPostgres, ThrowawayPostgres
+from protocols.errors import MissingPostgres
+from simulations.postgres import ThrowawayPostgres
 
 STREAMS = ("s0", "s1", "s2", "s3")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from protocols.contract import AUTO
 from protocols.frequency import clip_normalise
 from protocols.longitudinal import RAPPOR, OneBitMeanMemo
 from protocols.numeric import Hybrid
@@ -47,8 +48,8 @@ ONEBIT_LABEL = "α-rounding + memoization (1BitMean, Ding et al.)"
 #: On Adult+Syn records (d = 16) the Syn column shares ε with 15 other attributes; on Syn alone (d = 1) it has ε.
 PIPELINES = {
     "thesis pipeline: α-rounding + memo + Haar record (Adult+Syn, d = 16)": ("haar", True),
-    "thesis pipeline: α-rounding + memo + auto (Adult+Syn, d = 16)": ("auto", True),
-    "thesis pipeline: α-rounding + memo + auto (Syn alone, d = 1)": ("auto", False),
+    "thesis pipeline: α-rounding + memo + auto (Adult+Syn, d = 16)": (AUTO, True),
+    "thesis pipeline: α-rounding + memo + auto (Syn alone, d = 1)": (AUTO, False),
 }
 
 

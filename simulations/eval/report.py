@@ -41,6 +41,7 @@ def haar_bottom_line(sections: Sequence[Section]) -> str | None:
     ranges = [v for e in eps_all for q in ("range", "dyadic") for v in ratio[e][q].values()]
     total_wins = [f"d = {d}, ε = {e:g} (×{v:.2f})" for e in eps_all for d, v in ratio[e]["total"].items() if v < 0.9]
     total_ties = [f"d = {d}, ε = {e:g}" for e in eps_all for d, v in ratio[e]["total"].items() if 0.9 <= v <= 1.1]
+    total_loses = any(v > 1.1 for e in eps_all for v in ratio[e]["total"].values())
     analytic = by["range"].data["analytic"]
     crossings = []
     for e in sorted(analytic):
@@ -66,7 +67,7 @@ def haar_bottom_line(sections: Sequence[Section]) -> str | None:
         "**Bottom line for the thesis's Haar pipeline (at audited ε).** Per coordinate its variance is "
         f"×{min(per_coord):.1f}–{max(per_coord):.1f} that of HM k-sampling (SPEC's ≈ 1 + log2 D). For the overall "
         "mean of a record it wins " + (", ".join(total_wins) if total_wins else "nowhere")
-        + (f" and ties at {', '.join(total_ties)}" if total_ties else "") + "; elsewhere it loses. "
+        + (f" and ties at {', '.join(total_ties)}" if total_ties else "") + ("; elsewhere it loses. " if total_loses else ". ")
         + (f"For range and dyadic sums over a record's attributes it loses (×{min(ranges):.1f}–{max(ranges):.1f}). "
            if min(ranges) > 1
            else f"For range sums over attributes the ratio spans ×{min(ranges):.2f}–{max(ranges):.2f}. ")

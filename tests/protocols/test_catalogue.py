@@ -139,7 +139,7 @@ def test_sufficient_statistics_add_and_give_the_mechanisms_own_estimate(name, rn
     e = catalogue.entry(name)
     mech = e.build(**_params(e))
     rows = _rows(e, mech, 60, rng)
-    parts = e.statistics(mech, rows[:25]) + e.empty_statistics(mech) + e.statistics(mech, rows[25:])
+    parts = e.statistics(mech, rows[:25]) + e.statistics(mech, rows[:0]) + e.statistics(mech, rows[25:])
     whole = e.statistics(mech, rows)
     assert parts.n == whole.n == 60 and parts.close_to(whole)
     again = catalogue.Statistics.from_json(json.loads(json.dumps(whole.to_json())))
@@ -151,4 +151,4 @@ def test_sufficient_statistics_add_and_give_the_mechanisms_own_estimate(name, rn
         y = np.asarray(mech.debias(rows), dtype=float).reshape(60, -1)
         np.testing.assert_allclose(whole.squares, (y**2).sum(axis=0), rtol=1e-12)
     with pytest.raises(ValueError, match="zero reports"):
-        e.estimate(mech, e.empty_statistics(mech))
+        e.estimate(mech, e.statistics(mech, rows[:0]))

@@ -206,3 +206,15 @@ def test_categorical_ddrm_transcript_bound_covers_the_exact_loss():
         p.transcript_epsilon_bound([0], [0, 1])
     with pytest.raises(ValueError, match="horizon"):
         p.transcript_epsilon_bound([0] * 5, [1] * 5)
+
+
+def test_the_most_one_tree_can_charge_is_one_formula():
+    """longitudinal_bound() and device_epsilon(horizon) — what the ledger charges (accounting.report_charge) — are
+    one number, also when max_nonzero exceeds the nodes a tree has (here 7 nodes for T = 4)."""
+    from protocols.accounting import memo_slots_bound, report_charge
+
+    for p in (DDRM(0.5, horizon=4, max_nonzero=50), DDRM(0.5, horizon=16, max_nonzero=6),
+              CategoricalDDRM(0.5, 3, 4, 1), CategoricalDDRM(0.5, 3, 16, 1)):
+        assert p.longitudinal_bound() == p.device_epsilon(p.horizon)
+        assert report_charge("ddrm", p, 0.5, "device") == p.longitudinal_bound()
+    assert DDRM(0.5, horizon=4, max_nonzero=50).longitudinal_bound() == memo_slots_bound(0.5, 7)

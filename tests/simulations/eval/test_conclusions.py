@@ -177,3 +177,24 @@ def test_distribution_conclusions_separate_square_wave_from_auto_misses():
     assert "in 8 more only Square Wave (no analytic variance, so never auto's pick) beats it" in head[0]
     assert "Only Square Wave beats auto's pick in: Adult age KS at ε = 1, 4; Adult age p99 rank at ε = 1, 4" in find[-2]
     assert "misses" not in head[0]
+
+
+def _haar_sections(totals: dict[int, float]):
+    from simulations.eval.common import Section
+
+    ratio = {e: {"mean": {4: 3.0}, "range": {4: 2.0}, "dyadic": {4: 2.5}, "total": totals} for e in EPS}
+    analytic = {e: {"HaarHRR": {2: 2.0, 8: 0.5}, "OUE (sum of items)": {2: 1.0, 8: 1.0}} for e in EPS}
+    mean = {PIPES[0]: {e: _stat(0.05) for e in EPS}, exp_evolving.HM_FRESH: {e: _stat(0.01) for e in EPS}}
+    return [Section("dimension", "", "", data={"ratio": ratio}), Section("range", "", "", data={"analytic": analytic}),
+            Section("evolving", "", "", data={"mean": mean, "rounding_bias": {PIPES[0]: 0.01}})]
+
+
+def test_haar_bottom_line_says_it_loses_only_where_it_loses():
+    from simulations.eval.report import haar_bottom_line
+
+    mixed = haar_bottom_line(_haar_sections({4: 0.5, 16: 1.0, 64: 2.0}))
+    wins = haar_bottom_line(_haar_sections({4: 0.5, 16: 0.8}))
+    ties = haar_bottom_line(_haar_sections({4: 1.0}))
+    assert "wins d = 4, ε = 1 (×0.50)" in mixed and "ties at d = 16, ε = 1" in mixed and "elsewhere it loses" in mixed
+    assert "wins d = 4, ε = 1 (×0.50), d = 16, ε = 1 (×0.80)" in wins and "loses." not in wins.split("For range")[0]
+    assert "wins nowhere and ties at d = 4, ε = 1, d = 4, ε = 4. " in ties and "elsewhere it loses" not in ties
