@@ -34,15 +34,17 @@ PHASES = ("open/close", "reading+plan", "privatize", "sign", "ledger transaction
 
 
 class PhaseClock:
-    """Exclusive thread-CPU seconds per phase (see the module docstring); ``seconds`` maps phase → seconds."""
+    """Exclusive seconds per phase (see the module docstring) by ``clock`` (thread CPU time); ``seconds`` maps
+    phase → seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.thread_time) -> None:
+        self.clock = clock
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self._stack: list[list[Any]] = []  # [phase, start, nested seconds]
         self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) of what install() wrapped
 
     def _timed(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        clock, stack, seconds = time.thread_time, self._stack, self.seconds
+        clock, stack, seconds = self.clock, self._stack, self.seconds
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
