@@ -362,12 +362,13 @@ class ShardHost:
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-#: memory of a device whose database stays open: the SQLite connection (page cache, schema, prepared statements,
-#: ~0.28 MiB resident) plus its write-ahead log and WAL index on tmpfs (~0.33 MiB after two rounds); measured
-OPEN_DEVICE_BYTES = 640 * 1024
-#: memory of a device whose database is closed between rounds: the agent (pipeline, plans, ~15 KiB resident) plus
-#: its checkpointed database file on tmpfs (~70 KiB); measured
-CLOSED_DEVICE_BYTES = 96 * 1024
+#: memory of a device whose database stays open on a shard host (``State(hosted=True)``): the SQLite connection
+#: (schema, prepared statements, page cache: ~0.3 MiB resident, whatever the page cache size) and the agent, plus on
+#: tmpfs its database (~64 KiB) and its WAL (at most ``HOSTED_WAL_PAGES`` pages, 256 KiB); measured
+OPEN_DEVICE_BYTES = 700 * 1024
+#: memory of a device whose database is closed between rounds: the agent (pipeline, plans, volatility windows,
+#: ~73 KiB resident after two rounds) plus its checkpointed database file on tmpfs (~64 KiB); measured
+CLOSED_DEVICE_BYTES = 136 * 1024
 #: Ray, Flower's actors, the coordinator and its store
 SIM_OVERHEAD_BYTES = 3 << 30
 
