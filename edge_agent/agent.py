@@ -78,8 +78,11 @@ class Agent:
         transport: MqttTransport | bool | None = None,
         clock: Callable[[], float] = time.time,
         notifier: Notifier | None = None,
+        hosted: bool = False,
     ) -> None:
         self.config = config
+        #: the state database is one of many this process keeps open (:class:`State` ``hosted``)
+        self.hosted = hosted
         self.source = source if source is not None else build_sources(config.sources, config.device_id)
         self.secrets = secrets if secrets is not None else load_secrets(config)
         self.clock = clock
@@ -119,7 +122,7 @@ class Agent:
             return self
         # the ledger cannot be silently reset: refuse a missing, older, foreign or damaged ledger (ledger_guard)
         mark = check_ledger(self.config.database_path, self.config.signing_key_path.exists())
-        state = State(self.config.database_path)
+        state = State(self.config.database_path, hosted=self.hosted)
         try:
             compare_ledger(state, mark)
             self.pipeline = Pipeline(self.config, self.secrets.hmac_secret, state.load_rounding())
@@ -385,7 +388,8 @@ class Agent:
         if committed:  # the mark follows the committed ledger (never ahead of it: written after the commit)
             self._mark["next_seq"] = max(c.seq for c in committed) + 1
             self._mark["spent_total"] += sum(c.charged for c in committed)
-            self._mark["ledger_rows"] = state.ledger_rows_max()
+            if state.ledger_max is not None:  # None: the batch wrote no ledger row
+                self._mark["ledger_rows"] = state.ledger_max
             write_mark(self.config.state_dir, self._mark)
         for name, n in counters.items():  # committed: forget them (nothing counts while the transaction runs)
             left = self._pending_counters[name] - n

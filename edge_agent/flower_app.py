@@ -93,6 +93,11 @@ class DeviceSpec:
     source: Callable[[], Any] | None = None
     create_identity: bool = False
     signature: str = "ed25519"
+    #: the device's key in :data:`OPEN_AGENTS` (its state directory)
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = str(self.config.state_dir)
 
 
 @dataclass
@@ -111,6 +116,8 @@ class ShardAnswer:
 
 #: descriptors one open agent holds: its SQLite database, the write-ahead log and the WAL index (``-shm``)
 FDS_PER_AGENT = 3
+#: descriptors of a hosted agent (:class:`State` ``hosted``: exclusive locking, the WAL index in memory, no ``-shm``)
+FDS_PER_HOSTED_AGENT = 2
 #: descriptors left for everything else in the process (Ray, gRPC, logs, the coordinator store)
 FD_RESERVE = 512
 
@@ -136,11 +143,11 @@ def raise_fd_limit(wanted: int) -> int:
     return (1 << 20) if soft == inf else int(soft)
 
 
-def _fd_budget() -> int:
+def _fd_budget(per_agent: int = FDS_PER_AGENT) -> int:
     """How many agents this process may keep open under its descriptor limit."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     soft = (1 << 20) if soft == resource.RLIM_INFINITY else int(soft)
-    return max(16, (soft - FD_RESERVE) // FDS_PER_AGENT)
+    return max(16, (soft - FD_RESERVE) // per_agent)
 
 
 class _OpenAgents:
@@ -152,30 +159,35 @@ class _OpenAgents:
     windows and counters stay in memory (every report flushed them to the database already) — and the database is
     reattached on the next use. Rounds visit every device in the same order, so least-recently-used eviction would
     miss on every access once the fleet outgrows the capacity; keeping the first ``capacity`` open hits on that
-    many. ``capacity`` is the smaller of the descriptor budget (3 descriptors per open database) and ``max_open``
-    (a memory bound: an open connection holds its SQLite page cache, schema and prepared statements;
-    :data:`simulations.flower_sim.OPEN_DEVICE_BYTES` is the budget per open device).
+    many. ``capacity`` is the smaller of the descriptor budget (3 descriptors per open database, 2 when
+    ``hosted``) and ``max_open`` (a memory bound: :data:`simulations.flower_sim.OPEN_DEVICE_BYTES` is the budget
+    per open device). ``hosted`` opens the agents' databases as :class:`State` ``hosted`` (exclusive locking, small
+    page cache, short WAL): for a process that is the only user of its devices' databases (a simulation's shard host).
     """
 
     def __init__(self) -> None:
         self.agents: dict[str, Agent] = {}
         self.resident: set[str] = set()
         self.max_open: int | None = None
+        self.hosted = False
         self.capacity = _fd_budget()
         self.opened = 0
         self.reattached = 0
 
-    def configure(self, devices: int | None = None, max_open: int | None = None) -> int:
-        """Prepare for ``devices`` hosted devices (raising the descriptor limit where allowed) and bound the open
-        agents by ``max_open``; returns the capacity."""
+    def configure(self, devices: int | None = None, max_open: int | None = None, hosted: bool | None = None) -> int:
+        """Prepare for ``devices`` hosted devices (raising the descriptor limit where allowed), bound the open
+        agents by ``max_open`` and set ``hosted`` for agents opened from now on; returns the capacity."""
         if max_open is not None:
             if max_open < 1:
                 raise ValueError("max_open must be >= 1")
             self.max_open = int(max_open)
+        if hosted is not None:
+            self.hosted = bool(hosted)
+        per_agent = FDS_PER_HOSTED_AGENT if self.hosted else FDS_PER_AGENT
         if devices is not None:
             want = min(devices, self.max_open or devices)
-            raise_fd_limit(want * FDS_PER_AGENT + FD_RESERVE)
-        self.capacity = min(_fd_budget(), self.max_open or (1 << 62))
+            raise_fd_limit(want * per_agent + FD_RESERVE)
+        self.capacity = min(_fd_budget(per_agent), self.max_open or (1 << 62))
         return self.capacity
 
     def _open(self, spec: DeviceSpec) -> Agent:
@@ -186,14 +198,15 @@ class _OpenAgents:
             secrets = create_secrets(cfg, signature=spec.signature)
         else:
             secrets = load_secrets(cfg)
-        agent = Agent(cfg, source=spec.source() if spec.source is not None else None, secrets=secrets, transport=False)
+        agent = Agent(cfg, source=spec.source() if spec.source is not None else None, secrets=secrets, transport=False,
+                      hosted=self.hosted)
         agent.open()
         self.opened += 1
         return agent
 
     def get(self, spec: DeviceSpec) -> Agent:
         """The device's open agent; call :meth:`release` when done with it."""
-        key = str(spec.config.state_dir)
+        key = spec.key
         agent = self.agents.get(key)
         if agent is None:
             agent = self._open(spec)
@@ -201,13 +214,14 @@ class _OpenAgents:
             if len(self.resident) < self.capacity:
                 self.resident.add(key)
         elif agent.state is None:
-            agent.state = State(agent.config.database_path)
+            agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True)
             self.reattached += 1
         return agent
 
-    def release(self, agent: Agent) -> None:
-        """Suspend ``agent`` (close its database connection) unless it is one of the agents kept open."""
-        key = str(agent.config.state_dir)
+    def release(self, agent: Agent, key: str | None = None) -> None:
+        """Suspend ``agent`` (close its database connection) unless it is one of the agents kept open; ``key``: its
+        :attr:`DeviceSpec.key`."""
+        key = str(agent.config.state_dir) if key is None else key
         if key not in self.resident and agent.state is not None and self.agents.get(key) is agent:
             agent.state.close()
             agent.state = None
@@ -217,7 +231,7 @@ class _OpenAgents:
         while self.agents:
             _, agent = self.agents.popitem()
             if agent.state is None and agent.sent_unmarked:  # suspended with marks to write: reattach to write them
-                agent.state = State(agent.config.database_path)
+                agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True)
             agent.close()
         self.resident.clear()
 
@@ -296,7 +310,7 @@ class DeviceShard:
                 else:
                     assert agent.state is not None
                     agent.state.mark_sent([seq for seq, _, _ in rows])
-            OPEN_AGENTS.release(agent)
+            OPEN_AGENTS.release(agent, spec.key)
         out.counters["devices"] = len(self.devices)
         return out
 

@@ -46,7 +46,7 @@ RESETS_NAME = "ledger.resets"
 MONOTONIC = ("boot", "next_seq", "ledger_rows", "spent_total")
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -75,15 +75,19 @@ def read_mark(state_dir: Path) -> dict[str, Any] | None:
 
 def write_mark(state_dir: Path, mark: dict[str, Any]) -> None:
     """Replace the mark atomically and durably (temporary file, fsync, rename, fsync of the directory)."""
-    state_dir = Path(state_dir)
-    tmp = state_dir / (MARK_NAME + ".tmp")
+    directory = os.fspath(state_dir)
+    tmp = os.path.join(directory, MARK_NAME + ".tmp")
+    data = (json.dumps(mark, sort_keys=True) + "\n").encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(mark, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, state_dir / MARK_NAME)
-    _fsync_dir(state_dir)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, os.path.join(directory, MARK_NAME))
+    _fsync_dir(directory)
 
 
 def start_mark(state_dir: Path) -> None:

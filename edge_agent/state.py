@@ -51,6 +51,10 @@ from protocols.errors import BudgetExceededError, Refused
 __all__ = ["State", "Refused", "Commit", "ReportRequest", "OutboxRow", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 3
+#: page cache of a hosted database (:class:`State` ``hosted``): a device round touches a few pages of a small file
+HOSTED_CACHE_PAGES = 16
+#: WAL pages after which a hosted database checkpoints (and truncates its WAL to that size)
+HOSTED_WAL_PAGES = 64
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value NOT NULL);
@@ -157,13 +161,14 @@ class _Spent:
     With a renewal period P only charges with ``ts > now - P`` count for the stream and total caps and for δ (a
     sliding window; the batch's own charges have ``ts ≥ now`` and always count); the round cap counts every charge
     of the round. ``last_ts`` is the timestamp of the batch's charges: ``max(now, last ledger ts)`` (ledger time
-    never goes backwards)."""
+    never goes backwards); ``last_id`` the highest ledger row id before the batch."""
 
-    __slots__ = ("streams", "rounds", "total", "delta", "last_ts")
+    __slots__ = ("streams", "rounds", "total", "delta", "last_ts", "last_id")
 
     def __init__(self, streams: dict[str, float], rounds: dict[str, float], total: float, delta: float,
-                 last_ts: float) -> None:
+                 last_ts: float, last_id: int = 0) -> None:
         self.streams, self.rounds, self.total, self.delta, self.last_ts = streams, rounds, total, delta, last_ts
+        self.last_id = last_id
 
     @classmethod
     def load(cls, db: sqlite3.Connection, requests: Sequence["ReportRequest"], period: float | None,
@@ -174,12 +179,12 @@ class _Spent:
         cols = ["COALESCE(SUM(CASE WHEN stream = ? AND COALESCE(until, ts) > ? THEN epsilon END), 0)"] * len(streams)
         cols += ["COALESCE(SUM(CASE WHEN round_id = ? THEN epsilon END), 0)"] * len(rounds)
         cols += ["COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN epsilon END), 0)",
-                 "COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN delta END), 0)", "MAX(ts)"]
+                 "COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN delta END), 0)", "MAX(ts)", "MAX(id)"]
         args: list[Any] = [a for s in streams for a in (s, since)] + rounds + [since, since]
         row = db.execute(f"SELECT {', '.join(cols)} FROM ledger", args).fetchone()
         ns, nr = len(streams), len(rounds)
         return cls(dict(zip(streams, row[:ns])), dict(zip(rounds, row[ns:ns + nr])), row[ns + nr],
-                   row[ns + nr + 1], max(now, row[ns + nr + 2] or 0.0))
+                   row[ns + nr + 1], max(now, row[ns + nr + 2] or 0.0), int(row[ns + nr + 3] or 0))
 
     def check(self, stream: str, round_id: str, eps: float, stream_cap: float, total_cap: float,
               round_cap: float | None, delta: float, delta_cap: float | None) -> None:
@@ -236,17 +241,39 @@ class _Writes:
 class State:
     """The agent's SQLite database. Not thread-safe: use it from one thread (the agent's)."""
 
-    def __init__(self, path: str | Path, timeout: float = 30.0) -> None:
+    def __init__(self, path: str | Path, timeout: float = 30.0, *, hosted: bool = False,
+                 reattach: bool = False) -> None:
+        """Open (creating or migrating) the database at ``path``.
+
+        ``hosted``: one of many databases a single process keeps open (a gateway or simulation shard host,
+        :class:`edge_agent.flower_app._OpenAgents`): ``locking_mode=EXCLUSIVE`` — this process is the database's
+        only user while it is open, so the WAL index lives in process memory (no ``-shm`` file: 2 descriptors, no
+        shared-memory mapping) — a page cache of :data:`HOSTED_CACHE_PAGES` pages, and the WAL checkpointed into
+        the database once it holds :data:`HOSTED_WAL_PAGES` pages and then truncated (memory on tmpfs). Durability
+        is the same: WAL journal, ``synchronous=FULL``, one commit per device round. ``reattach``: the database
+        was opened (created, its schema checked) by this process before and only its connection was closed (a
+        suspended agent, :class:`edge_agent.flower_app._OpenAgents`): the directory and schema checks are skipped.
+        """
         self.path = Path(path)
         #: pending outbox rows older than the last :meth:`commit_reports` batch (after its ``sent`` marks; None for
         #: a batch without requests): 0 means that batch's commits are all the outbox holds pending
         self.backlog: int | None = None
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        #: the highest ledger row id after the last :meth:`commit_reports` batch when that batch read the ledger
+        #: (it charged); None when it wrote no ledger row (the highest id is unchanged)
+        self.ledger_max: int | None = None
+        if not reattach:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        if hosted:
+            self._db.execute("PRAGMA locking_mode=EXCLUSIVE")  # before WAL mode: the WAL index in heap memory
+            self._db.execute(f"PRAGMA cache_size={HOSTED_CACHE_PAGES}")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={HOSTED_WAL_PAGES}")
+            self._db.execute(f"PRAGMA journal_size_limit={HOSTED_WAL_PAGES * 4096}")
+        if not reattach:  # the journal mode is persistent: a database this process opened before is in WAL mode
+            self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        if self._schema_version() != SCHEMA_VERSION:  # a current database (every reopen) needs no write here
+        if not reattach and self._schema_version() != SCHEMA_VERSION:  # a current database needs no write here
             self._create_schema()
             with self.transaction():
                 cur = self._get("schema_version")
@@ -465,6 +492,7 @@ class State:
                 self._save_rounding(db, rounding)
             added: Counter[str] = Counter({f"count.{k}": int(v) for k, v in (counters or {}).items()})
             self.backlog = None
+            self.ledger_max = None
             if requests:
                 pending, seq = db.execute(
                     "SELECT (SELECT COUNT(*) FROM outbox WHERE status = 'pending'), "
@@ -496,6 +524,8 @@ class State:
                     added["count.memo_hits" if commit.memo_hit else "count.charged_reports"] += 1
                     added["next_seq"] += 1
                 writes.flush(db, now)
+                if budget is not None:  # ledger ids are append-only and never reused (AUTOINCREMENT, no deletes)
+                    self.ledger_max = budget.last_id + len(writes.ledger)
             if added:
                 db.executemany(
                     "INSERT INTO meta (key, value) VALUES (?, ?) "

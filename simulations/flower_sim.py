@@ -298,8 +298,11 @@ class ShardHost:
     :class:`edge_agent.flower_app._OpenAgents`).
     """
 
-    def __init__(self, spec: SimFleetSpec, index: int, hosts: int, max_open: int | None = None) -> None:
+    def __init__(self, spec: SimFleetSpec, index: int, hosts: int, max_open: int | None = None,
+                 phases: bool = False) -> None:
         from edge_agent.flower_app import OPEN_AGENTS
+
+        from simulations.flower_phases import PhaseClock
 
         configure_environment()  # in this worker process too (a Ray started elsewhere does not pass them on)
         try:  # Ray starts its workers at nice 15: a host is the simulation's main work, give it the default priority
@@ -307,9 +310,14 @@ class ShardHost:
         except (OSError, AttributeError):
             pass
         self.spec, self.index = spec, index
-        self.capacity = OPEN_AGENTS.configure(devices=host_devices(spec, index, hosts), max_open=max_open)
+        # this process is its devices' databases' only user: hosted databases (exclusive locking, short WAL)
+        self.capacity = OPEN_AGENTS.configure(devices=host_devices(spec, index, hosts), max_open=max_open,
+                                              hosted=True)
         self.factory = SimHostFactory(spec)
         self.busy: dict[str, list[float]] = {}
+        #: ``phases``: CPU seconds per device-side phase and round (:class:`simulations.flower_phases.PhaseClock`)
+        self.clock = PhaseClock().install() if phases else None
+        self.phases: dict[str, dict[str, float]] = {}
         fleet_data(spec)
 
     def ready(self) -> int:
@@ -331,7 +339,15 @@ class ShardHost:
         return self._timed("announce", self.factory({"partition-id": partition}).announce)
 
     def answer(self, partition: int, payload: bytes, t: int | None) -> Any:
-        return self._timed(f"round t={t}", self.factory({"partition-id": partition}).answer, payload, t)
+        what = f"round t={t}"
+        before = self.clock.snapshot() if self.clock is not None else None
+        try:
+            return self._timed(what, self.factory({"partition-id": partition}).answer, payload, t)
+        finally:
+            if self.clock is not None and before is not None:
+                acc = self.phases.setdefault(what, {})
+                for phase, seconds in self.clock.seconds.items():
+                    acc[phase] = acc.get(phase, 0.0) + seconds - before[phase]
 
     def stats(self) -> dict[str, Any]:
         """Agents opened (boots), database reattachments, the open capacity and the peak RSS (MiB) of this host."""
@@ -342,16 +358,18 @@ class ShardHost:
         return {"pid": os.getpid(), "agents": len(OPEN_AGENTS.agents), "opened": OPEN_AGENTS.opened,
                 "reattached": OPEN_AGENTS.reattached, "capacity": OPEN_AGENTS.capacity,
                 "busy_seconds": {k: {"wall": round(w, 3), "cpu": round(c, 3)} for k, (w, c) in self.busy.items()},
+                "phase_seconds": {k: {p: round(c, 3) for p, c in v.items()} for k, v in self.phases.items()},
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-#: the memory budgeted (a planning parameter, not a measurement) per device whose database stays open: its SQLite
-#: connection (page cache, schema, prepared statements) plus its write-ahead log and WAL index on tmpfs; the bench
-#: (`make bench`, section *flower*) reports the hosts' measured peak RSS against it
-OPEN_DEVICE_BYTES = 640 * 1024
-#: the memory budgeted per device whose database is closed between rounds: the agent (pipeline, plans) plus its
-#: checkpointed database file on tmpfs (a planning parameter, as :data:`OPEN_DEVICE_BYTES`)
-CLOSED_DEVICE_BYTES = 96 * 1024
+#: the memory budgeted (a planning parameter, not a measurement) per device whose database stays open on a shard host
+#: (``State(hosted=True)``): its SQLite connection (schema, prepared statements, page cache) and the agent, plus on
+#: tmpfs its database and its WAL (at most ``HOSTED_WAL_PAGES`` pages); the bench (`make bench`, section *flower*)
+#: reports the hosts' measured peak RSS against it
+OPEN_DEVICE_BYTES = 700 * 1024
+#: the memory budgeted per device whose database is closed between rounds: the agent (pipeline, plans, volatility
+#: windows) plus its checkpointed database file on tmpfs (a planning parameter, as :data:`OPEN_DEVICE_BYTES`)
+CLOSED_DEVICE_BYTES = 136 * 1024
 #: Ray, Flower's actors, the coordinator and its store
 SIM_OVERHEAD_BYTES = 3 << 30
 
@@ -497,6 +515,7 @@ def run_flower_simulation(
     verbose: bool = False,
     signature: str = "ed25519",
     unit: str = "device",
+    phases: bool = False,
 ) -> FlowerSimResult:
     """Simulate ``devices`` devices in ``nodes`` virtual SuperNodes (or shards of ``shard_size``) for ``rounds``
     rounds on Flower's Simulation Runtime (Ray). Round 1 uses the base parameters, later rounds are planned from the
@@ -507,7 +526,9 @@ def run_flower_simulation(
     node's messages to its host (several in flight, so every host always has a node's round queued); the ServerApp
     (coordinator) runs in this process. ``max_open``: device databases each host keeps open (default:
     :func:`default_max_open`, all of them while they fit half the available memory; the descriptor limit is
-    raised where permitted); the others are closed after each round and reattached for the next.
+    raised where permitted); the others are closed after each round and reattached for the next. ``phases``: the
+    hosts time the device-side phases (:class:`simulations.flower_phases.PhaseClock`; ``extra["hosts"]``); the CPU
+    of every process of the simulation in each round is ``extra["tree_cpu"]`` (:func:`tree_cpu`).
     """
     if devices < 1 or rounds < 1:
         raise ValueError("need devices >= 1 and rounds >= 1")
@@ -532,6 +553,7 @@ def run_flower_simulation(
     from coordinator.store import open_store
     from edge_agent.flower_app import make_client_app
     from protocols import wire
+    from simulations.flower_phases import tree_cpu
 
     t_start = time.perf_counter()
     root = Path(workdir) if workdir is not None else _default_workdir()
@@ -559,7 +581,11 @@ def run_flower_simulation(
     def timed_run_round(grid: Any, index: int, nodes_: Any = None) -> Any:
         marks.setdefault("first_round", time.perf_counter())
         gc.freeze()  # the coordinator's long-lived state (devices, Flower, stores) out of the cyclic collector's way
-        return original_run_round(grid, index, nodes_)
+        before = tree_cpu()
+        try:
+            return original_run_round(grid, index, nodes_)
+        finally:  # every process of the simulation (driver, Ray, Flower's actors, shard hosts) in this round
+            extra.setdefault("tree_cpu", []).append(tree_cpu() - before)
 
     coordinator.run_round = timed_run_round  # type: ignore[method-assign]
     done: list[Any] = []
@@ -585,7 +611,7 @@ def run_flower_simulation(
     try:
         host_cls = ray.remote(ShardHost)
         hosts = [host_cls.options(name=_host_name(spec.run_id, h), num_cpus=0, max_concurrency=1)
-                 .remote(spec, h, workers, max_open) for h in range(workers)]
+                 .remote(spec, h, workers, max_open, phases) for h in range(workers)]
         ray.get([h.ready.remote() for h in hosts])
         cpus = float(ray.cluster_resources().get("CPU", workers))
         backend_config = {"client_resources": {"num_cpus": cpus / forwarders, "num_gpus": 0.0}}

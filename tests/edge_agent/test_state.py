@@ -252,3 +252,28 @@ def test_the_device_ledger_and_the_accountant_agree(tmp_path):
         assert device == accountant == [1.0, "hit", 1.0, "stream_cap", 0.5, 0.5, "delta_cap", 1.0, "total_cap", "hit"]
         assert (st.spent(), st.spent_delta()) == pytest.approx(acc.basic())
         assert st.spent_by_stream() == pytest.approx({s: acc.basic(s)[0] for s in caps})
+
+
+def test_hosted_database_keeps_wal_and_full_sync_without_a_shared_memory_file(tmp_path):
+    path = tmp_path / "h" / "agent.sqlite3"
+    st = State(path, hosted=True)
+    try:
+        assert st._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert st._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert st._db.execute("PRAGMA locking_mode").fetchone()[0] == "exclusive"
+        (c,) = _commit(st, [_req(key="a")])
+        assert c.charged == 1.0 and st.ledger_max == 1
+        assert not path.with_name(path.name + "-shm").exists()  # the WAL index lives in this process's memory
+    finally:
+        st.close()
+    st = State(path, hosted=True, reattach=True)  # a suspended agent's database: no directory or schema checks
+    try:
+        assert st._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        (c,) = _commit(st, [_req(key="b")])
+        assert st.ledger_max == 2 and st.ledger_rows_max() == 2
+        (c,) = _commit(st, [_req(key="b")])  # a memo hit writes no ledger row
+        assert c.memo_hit and st.ledger_max is None
+    finally:
+        st.close()
+    with State(path) as st:  # closed: any process may open it again, everything committed is there
+        assert st.spent() == 2.0 and st.check_invariants()["ok"]

@@ -298,10 +298,11 @@ def test_descriptor_limit_and_memory_policy():
     assert raise_fd_limit(64) >= min(64, soft if soft != resource.RLIM_INFINITY else 64)
     gib = 1 << 30
     assert default_max_open(10_000, 2, 24 * gib) == 5_000  # 10,000 open databases fit half of 24 GiB
-    small = default_max_open(100_000, 2, 24 * gib)
-    assert 100 <= small < 50_000
+    small = default_max_open(100_000, 2, 48 * gib)
+    assert 100 < small < 50_000
     # what is left of half the memory after the closed devices holds the open ones
-    budget = 12 * gib - 100_000 * CLOSED_DEVICE_BYTES
+    budget = 24 * gib - 100_000 * CLOSED_DEVICE_BYTES
     assert abs(2 * small * (OPEN_DEVICE_BYTES - CLOSED_DEVICE_BYTES) - budget) <= 2 * OPEN_DEVICE_BYTES
-    assert memory_needed(100_000, 2, small) < 24 * gib
+    assert memory_needed(100_000, 2, small) < 48 * gib
+    assert memory_needed(100_000, 2, default_max_open(100_000, 2, 24 * gib)) < 24 * gib
     assert default_max_open(100_000, 2, 1 * gib) == 100  # floor
