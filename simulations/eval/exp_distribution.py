@@ -400,7 +400,8 @@ def run_timing(config: EvalConfig, sizes: Sequence[int]) -> dict[str, dict[int, 
             with Timer() as tc:
                 reports = mech.privatize_unit(unit, rng)
             with Timer() as ts:
-                est = mech.distribution_from_statistics(mech.statistics_total(reports), n, LEVEL, grid.edges)
+                total, squares = mech.statistics_moments(reports)
+                est = mech.distribution_from_statistics(total, n, LEVEL, grid.edges, squares)
                 est.quantile(QUANTILES)
                 if est.cdf_variance is not None:
                     est.quantile_interval(QUANTILES)
