@@ -19,7 +19,9 @@ reports of a batch were already stored (a redelivery, or another worker's copy),
 by report so only the inserted ones count — a report is counted once whatever the redeliveries. The stored reports
 stay the source of truth: a (round, stream) whose reports were committed without an aggregate function, or stored
 before aggregates existed, is marked *stale* and estimated from its reports until :meth:`Store.rebuild_aggregates`
-recomputes it (``haarvest coordinator aggregates --rebuild``).
+recomputes it (``haarvest coordinator aggregates --rebuild``). Statistics kept in another shape (a mechanism's
+statistic grew a part, e.g. flat OLH's second moments) never fail a batch: adding to such a row marks the stream
+stale, and rows of different shapes are not summed (:meth:`Store.aggregates` gives None: estimated from the reports).
 """
 
 from __future__ import annotations

@@ -94,6 +94,7 @@ def test_ems_recovers_a_smooth_distribution(shape):
 
 COVERAGE = {
     "flat_oue": lambda: FlatOracle(1.0, D, "oue"),
+    "flat_olh": lambda: FlatOracle(1.0, D, "olh"),
     "hier_oue_raw": lambda: HierarchicalIntervals(1.0, D, 4, "oue", consistency=False),
     "haar": lambda: HaarDistribution(1.0, D),
 }
