@@ -12,8 +12,8 @@ and the formula takes the supports of distinct items by a non-holder as independ
 hash family is 2-universal) but not for larger sets (``((a·v+b) mod P) mod g`` is not 3-wise independent), so for
 ℓ ≥ 2 the OLH range variance is the idealised formula of the literature (Cormode, Kulkarni, Srivastava 2019) and
 an approximation here; ℓ = 1 is exact. For a holder of v, the supports of buckets i, j ≠ v are positively
-correlated, and a prefix of 63 of 64 buckets has about 1.2× (ε = 1), 1.9× (ε = 2), 2.7× (ε = 4) the formula's
-variance: normal intervals from the formula under-cover.
+correlated, and a long prefix's variance exceeds the formula's by a factor that grows with ε (several-fold for
+63 of 64 buckets at ε = 4): normal intervals from the formula under-cover.
 
 **Flat OLH's CDF variance is therefore estimated from the reports** (the wire format and the hash unchanged).
 User u's contribution to the prefix estimate ``F̂(m) = Σ_{j≤m} f̂_j`` is ``x_u(m) = (S_u(m) − q(m+1))/(p − q)``,

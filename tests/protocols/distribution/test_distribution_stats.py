@@ -124,9 +124,9 @@ def test_cdf_and_median_interval_coverage(name):
 
 def test_flat_olh_cdf_intervals_cover_within_two_points_and_the_variance_estimate_is_unbiased():
     """Flat OLH's CDF variance from the reports' prefix supports (protocols.distribution.flat) at ε = 4, D = 64:
-    pointwise coverage within 2 points of 95 % over 600 repetitions (measured 94.4 %), where the idealised formula
-    (supports independent across buckets — not so for the 2-universal hash family) covers 82 %; the estimate's
-    mean matches the variance of F̂ across repetitions."""
+    pointwise coverage within 2 points of 95 % over 600 repetitions, where the idealised formula (supports
+    independent across buckets — not so for the 2-universal hash family) under-covers by more than 2 points; the
+    estimate's mean matches the variance of F̂ across repetitions."""
     epsilon = 4.0
     Dw, n, reps = 64, 5000, 600
     mech = FlatOracle(epsilon, Dw, "olh")
