@@ -63,6 +63,9 @@ WALK_CHUNK = 1 << 17
 #: Below this many users, or for g ≥ 2^32, :func:`support_counts` evaluates blocks of (user, item) pairs instead of
 #: walking the items: the walk pays a few numpy calls per item whatever the number of users.
 WALK_MIN_USERS = 2048
+#: Users per chunk of :func:`support_prefix_moments`' walk: its running sums add a float64 vector per chunk, so a
+#: smaller chunk keeps the work arrays in cache.
+PREFIX_WALK_CHUNK = 1 << 13
 _FLOAT_LIMIT = 1 << 20  # k and g up to 2^20 keep every float64 quantity below exact-integer limits
 
 
@@ -91,7 +94,7 @@ def support_counts(seeds: Any, reported: Any, k: int, g: int, *, strategy: str =
 
 
 def support_prefix_moments(seeds: Any, reported: Any, k: int, g: int, *,
-                           chunk: int = WALK_CHUNK) -> tuple[np.ndarray, np.ndarray]:
+                           chunk: int = PREFIX_WALK_CHUNK) -> tuple[np.ndarray, np.ndarray]:
     """``(C, Q)``: the support counts ``C_v`` of :func:`support_counts` and ``Q_m = Σ_i S_i(m)²``, where
     ``S_i(m) = #{v ≤ m : h_{s_i}(v) = y_i}`` is how many of the items 0..m report i supports (m in [0, k)).
 
