@@ -20,7 +20,8 @@ hold older rows) are dropped and counted (``StreamEstimate.dropped``) rather tha
 * ``distribution`` (SPEC §3.14): the histogram over the stream's D buckets from the statistics
   (:meth:`protocols.catalogue.Entry.distribution`: a :class:`protocols.distribution.DistributionEstimate`):
   ``estimate`` the monotone-consistent histogram (``raw`` the unbiased one, Square Wave: EMS), ``ci_low``/``ci_high``
-  its pointwise normal interval where the mechanism has an analytic variance (empty for Square Wave); ``edges`` the
+  its pointwise normal interval where the mechanism has an analytic variance (empty for Square Wave; flat OLH's
+  CDF band from the empirical variance of its kept second moments, SPEC §3.14); ``edges`` the
   D + 1 bucket edges in the dimension's units, ``cdf`` the consistent CDF at the right edges with its monotone band
   ``cdf_low``/``cdf_high``, and ``quantiles`` (p50, p90, p95, p99 by default) with their intervals from the
   inverted band (``low``/``high`` null without a variance).
@@ -263,7 +264,7 @@ def estimate_statistics(spec: StreamSpec, stats: Statistics, round_id: str = "",
 def _distribution(spec: StreamSpec, decoder: StreamDecoder, stats: Statistics, out: StreamEstimate,
                   quantiles: tuple[float, ...]) -> None:
     """Fill a distribution stream's fields (module docstring). ``variance`` has no effect: the intervals are the
-    mechanism's plug-in analytic ones (SPEC §3.14)."""
+    mechanism's own (plug-in analytic; flat OLH's CDF: empirical from ``stats.squares``, SPEC §3.14)."""
     grid = spec.grid()
     dist = decoder.entry.distribution(decoder.mechanism, stats, out.level, grid.edges)
     D = dist.D

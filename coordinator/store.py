@@ -21,7 +21,9 @@ report is counted once whatever the redeliveries, and of two workers racing to i
 whose insert found it stored adds nothing to its aggregate. The stored reports
 stay the source of truth: a (round, stream) whose reports were committed without an aggregate function, or stored
 before aggregates existed, is marked *stale* and estimated from its reports until :meth:`Store.rebuild_aggregates`
-recomputes it (``haarvest coordinator aggregates --rebuild``).
+recomputes it (``haarvest coordinator aggregates --rebuild``). Statistics kept in another shape (a mechanism's
+statistic grew a part, e.g. flat OLH's second moments) never fail a batch: adding to such a row marks the stream
+stale, and rows of different shapes are not summed (:meth:`Store.aggregates` gives None: estimated from the reports).
 """
 
 from __future__ import annotations
@@ -99,6 +101,19 @@ def contract_text(contract: dict[str, str] | None) -> str | None:
     if not isinstance(contract, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in contract.items()):
         raise ValueError("a device contract maps stream names to mechanism names")
     return json.dumps(contract, sort_keys=True)
+
+
+def _sum_statistics(parts: list[str | Statistics]) -> Statistics | None:
+    """The sum of stored statistics (JSON text or :class:`Statistics`); None when there are none or they do not
+    add — rows kept in different shapes, e.g. by versions before and after a mechanism's statistic grew a part
+    (flat OLH's second moments): such a stream is estimated from its reports until rebuilt."""
+    out: Statistics | None = None
+    for part in parts:
+        stats = part if isinstance(part, Statistics) else Statistics.from_json(json.loads(part))
+        if out is not None and (out.total.shape != stats.total.shape or out.squares.shape != stats.squares.shape):
+            return None
+        out = stats if out is None else out + stats
+    return out
 
 
 @dataclass(frozen=True)
@@ -461,7 +476,11 @@ class _SQLStore(Store):
             cur.execute(self._q("SELECT stats FROM aggregates WHERE round_id = ? AND stream = ? AND writer = ?"),
                         (round_id, stream, self._writer))
             row = cur.fetchone()
-            total = delta if row is None else Statistics.from_json(json.loads(row[0])) + delta
+            total = delta if row is None else _sum_statistics([row[0], delta])
+            if total is None:  # kept in another shape (a version before the statistic changed): rebuild later
+                cur.execute(self._q("INSERT INTO aggregates_stale (round_id, stream) VALUES (?, ?) "
+                                    "ON CONFLICT DO NOTHING"), (round_id, stream))
+                continue
             cur.execute(self._q("INSERT INTO aggregates (round_id, stream, writer, n, stats) VALUES (?, ?, ?, ?, ?) "
                                 "ON CONFLICT (round_id, stream, writer) DO UPDATE SET n = excluded.n, "
                                 "stats = excluded.stats"),
@@ -472,11 +491,7 @@ class _SQLStore(Store):
             stale = self._exec("SELECT 1 FROM aggregates_stale WHERE round_id = ? AND stream = ?", (round_id, stream))
             rows = [] if stale else self._exec("SELECT stats FROM aggregates WHERE round_id = ? AND stream = ?",
                                                (round_id, stream))
-        out: Statistics | None = None
-        for (text,) in rows:
-            part = Statistics.from_json(json.loads(text))
-            out = part if out is None else out + part
-        return out
+        return _sum_statistics([text for (text,) in rows])
 
     def stale_aggregates(self) -> set[tuple[str, str]]:
         return {(a, b) for a, b in self._exec("SELECT round_id, stream FROM aggregates_stale")}
@@ -503,10 +518,7 @@ class _SQLStore(Store):
             try:
                 self._lock_writes(cur)
                 cur.execute(self._q("SELECT stats FROM aggregates WHERE round_id = ? AND stream = ?"), (round_id, stream))
-                before: Statistics | None = None
-                for (text,) in cur.fetchall():
-                    part = Statistics.from_json(json.loads(text))
-                    before = part if before is None else before + part
+                before = _sum_statistics([text for (text,) in cur.fetchall()])
                 cur.execute(self._q("SELECT body FROM reports WHERE round_id = ? AND stream = ? ORDER BY device_id"),
                             (round_id, stream))
                 after = compute([row[0] for row in cur.fetchall()])

@@ -109,7 +109,10 @@ class Statistics:
     for the plug-in variance; empty for the counting families). Per family, v is: ``debias(row)`` for numeric,
     vector and Haar mechanisms (the unbiased per-user value, Haar: its D coefficients); the row's support
     indicator over ``[0, k)`` for frequency oracles (``total`` = the support counts C_v); the protocol's round
-    counts for longitudinal protocols (``round_counts``). Sums commute, so statistics of disjoint sets of rows add
+    counts for longitudinal protocols (``round_counts``); the mechanism's ``statistics_moments`` for distributions
+    (``squares``: flat OLH's ``Σ_u S_u(m)²``, S_u(m) the number of buckets ≤ m report u supports — the CDF's
+    variance, :mod:`protocols.distribution.flat`; empty for the others, and in aggregates kept before it existed,
+    which then estimate with the formula). Sums commute, so statistics of disjoint sets of rows add
     (:meth:`__add__`) — across ingest batches and across coordinator workers.
     """
 
@@ -241,8 +244,12 @@ class Entry:
             y = np.asarray(mech.debias(reports), dtype=float).reshape(n, width) if n else np.zeros((0, width))
             return Statistics(n, y.sum(axis=0), (y**2).sum(axis=0))
         if self.family is Family.DISTRIBUTION:
-            size, counts, users = mech.statistics_size, mech.statistics_total, mech.n_reports
-        elif self.family is Family.FREQUENCY:
+            if n == 0:
+                return Statistics(0, np.zeros(int(mech.statistics_size)), np.zeros(int(mech.squares_size)))
+            total, squares = mech.statistics_moments(reports)
+            return Statistics(int(mech.n_reports(reports)), np.asarray(total, dtype=float),
+                              np.asarray(squares, dtype=float))
+        if self.family is Family.FREQUENCY:
             size, counts, users = mech.k, mech.support_counts, mech.n_reports
         else:
             size, counts, users = mech.k, mech.round_counts, len
@@ -257,7 +264,7 @@ class Entry:
             raise ValueError(f"{self.name!r} is not a distribution mechanism")
         if stats.n <= 0:
             raise ValueError("cannot estimate from zero reports")
-        return mech.distribution_from_statistics(stats.total, stats.n, level, edges)
+        return mech.distribution_from_statistics(stats.total, stats.n, level, edges, stats.squares)
 
     def estimate(self, mech: Any, stats: Statistics) -> np.ndarray:
         """The mechanism's unbiased estimate from statistics alone — equal to its estimate from the rows

@@ -19,7 +19,7 @@ P = (1 << 31) - 1
 SEED_BITS = 62
 MAX_ITEM = P - 1
 
-__all__ = ["P", "draw_seeds", "coefficients", "hash_values", "hash_matrix", "support_counts"]
+__all__ = ["P", "draw_seeds", "coefficients", "hash_values", "hash_matrix", "support_counts", "support_prefix_moments"]
 
 
 def draw_seeds(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -63,6 +63,9 @@ WALK_CHUNK = 1 << 17
 #: Below this many users, or for g ≥ 2^32, :func:`support_counts` evaluates blocks of (user, item) pairs instead of
 #: walking the items: the walk pays a few numpy calls per item whatever the number of users.
 WALK_MIN_USERS = 2048
+#: Users per chunk of :func:`support_prefix_moments`' walk: its running sums add a float64 vector per chunk, so a
+#: smaller chunk keeps the work arrays in cache.
+PREFIX_WALK_CHUNK = 1 << 13
 _FLOAT_LIMIT = 1 << 20  # k and g up to 2^20 keep every float64 quantity below exact-integer limits
 
 
@@ -79,6 +82,49 @@ def support_counts(seeds: Any, reported: Any, k: int, g: int, *, strategy: str =
     (:func:`_blocks_counts`); ``"auto"`` — the walk from :data:`WALK_MIN_USERS` users on (g < 2^32), else blocks.
     ValueError on mismatched lengths, y outside [0, g), or a walk with g ≥ 2^32.
     """
+    seeds, y, k, g = _check_reports(seeds, reported, k, g)
+    if strategy not in ("auto", "walk", "blocks"):
+        raise ValueError(f"strategy must be auto, walk or blocks, got {strategy!r}")
+    if strategy == "walk" and g >= 1 << 32:
+        raise ValueError("the residue walk works in uint32: it needs g < 2^32 (use strategy='blocks')")
+    if strategy == "walk" or (strategy == "auto" and seeds.size >= WALK_MIN_USERS and g < 1 << 32):
+        return _walk_counts(seeds, y, k, g, max(1, int(chunk)))[0]
+    a, b = coefficients(seeds)
+    return _blocks_counts(a, b, y, k, g, rows)
+
+
+def support_prefix_moments(seeds: Any, reported: Any, k: int, g: int, *,
+                           chunk: int = PREFIX_WALK_CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """``(C, Q)``: the support counts ``C_v`` of :func:`support_counts` and ``Q_m = Σ_i S_i(m)²``, where
+    ``S_i(m) = #{v ≤ m : h_{s_i}(v) = y_i}`` is how many of the items 0..m report i supports (m in [0, k)).
+
+    ``Σ_i S_i(m) = C_0 + … + C_m``, so with ``Q`` the prefix supports' empirical variance over the reports is
+    known from additive statistics: what a prefix (CDF) estimate's variance needs when the supports of distinct
+    items are correlated (the hash family is 2- but not 3-wise independent; :mod:`protocols.distribution.flat`).
+    From :data:`WALK_MIN_USERS` users on (g < 2^32) by the residue walk, each user's running S_i kept in a float64
+    vector of the chunk; below, in blocks of users × all items (:func:`hash_matrix`, cumulative sums along the
+    items). Exact while every partial sum of squares stays below 2^53 (n·k² < 2^53). ValueError as
+    :func:`support_counts`.
+    """
+    seeds, y, k, g = _check_reports(seeds, reported, k, g)
+    if seeds.size >= WALK_MIN_USERS and g < 1 << 32:
+        counts, squares = _walk_counts(seeds, y, k, g, max(1, int(chunk)), prefix=True)
+        assert squares is not None
+        return counts, squares
+    counts = np.zeros(k, dtype=np.int64)
+    squares = np.zeros(k)
+    rows = max(1, (1 << 20) // k)
+    for start in range(0, seeds.size, rows):
+        stop = min(seeds.size, start + rows)
+        hits = hash_matrix(seeds[start:stop], k, g) == y[start:stop, None]
+        counts += hits.sum(axis=0, dtype=np.int64)
+        running = np.cumsum(hits, axis=1, dtype=np.float64)
+        squares += np.einsum("ij,ij->j", running, running)
+    return counts, squares
+
+
+def _check_reports(seeds: Any, reported: Any, k: Any, g: Any) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Flattened int64 seeds and reported values, k and g validated (ValueError otherwise)."""
     seeds = np.asarray(seeds, dtype=np.int64).ravel()
     y = np.asarray(reported, dtype=np.int64).ravel()
     if seeds.shape != y.shape:
@@ -88,22 +134,18 @@ def support_counts(seeds: Any, reported: Any, k: int, g: int, *, strategy: str =
         raise ValueError(f"reported hash values must lie in [0, {g})")
     if k > P - 1:
         raise ValueError("domain too large for the hash family")
-    if strategy not in ("auto", "walk", "blocks"):
-        raise ValueError(f"strategy must be auto, walk or blocks, got {strategy!r}")
-    if strategy == "walk" and g >= 1 << 32:
-        raise ValueError("the residue walk works in uint32: it needs g < 2^32 (use strategy='blocks')")
-    if strategy == "walk" or (strategy == "auto" and seeds.size >= WALK_MIN_USERS and g < 1 << 32):
-        return _walk_counts(seeds, y, k, g, max(1, int(chunk)))
-    a, b = coefficients(seeds)
-    return _blocks_counts(a, b, y, k, g, rows)
+    return seeds, y, k, g
 
 
-def _walk_counts(seeds: np.ndarray, y: np.ndarray, k: int, g: int, chunk: int) -> np.ndarray:
-    """The residue walk: every item once, all users of a chunk updated per item with a few uint32 operations."""
+def _walk_counts(seeds: np.ndarray, y: np.ndarray, k: int, g: int, chunk: int,
+                 prefix: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """The residue walk: every item once, all users of a chunk updated per item with a few uint32 operations.
+    Returns the support counts and, with ``prefix``, ``Σ_i S_i(v)²`` (:func:`support_prefix_moments`)."""
     n = seeds.shape[0]
     counts = np.zeros(k, dtype=np.int64)
+    squares = np.zeros(k) if prefix else None
     if n == 0:
-        return counts
+        return counts, squares
     a_all, b_all = coefficients(seeds)  # a ∈ [1, P), b ∈ [0, P): every residue and r + a fit in uint32
     p32, g32 = np.uint32(P), np.uint32(g)
     mask = np.uint32(g - 1) if g & (g - 1) == 0 else None
@@ -115,6 +157,7 @@ def _walk_counts(seeds: np.ndarray, y: np.ndarray, k: int, g: int, chunk: int) -
         tmp = np.empty_like(r)
         h = np.empty_like(r)
         hit = np.empty(r.shape, dtype=bool)
+        running = np.zeros(r.shape) if prefix else None  # S_i(v) of the chunk's users
         for v in range(k):  # loop over items, vectorised over the users of the chunk
             if v:
                 np.add(r, a, out=r)  # r + a < 2P < 2^32
@@ -128,7 +171,10 @@ def _walk_counts(seeds: np.ndarray, y: np.ndarray, k: int, g: int, chunk: int) -
                 np.subtract(r, h, out=h)
             np.equal(h, target, out=hit)
             counts[v] += np.count_nonzero(hit)
-    return counts
+            if running is not None:
+                np.add(running, hit, out=running)
+                squares[v] += running @ running  # type: ignore[index]
+    return counts, squares
 
 
 def _blocks_counts(a: np.ndarray, b: np.ndarray, y: np.ndarray, k: int, g: int, rows: int) -> np.ndarray:

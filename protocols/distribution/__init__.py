@@ -5,14 +5,14 @@ reported with a range-query-friendly mechanism; the server returns a :class:`Dis
 CDF at the bucket edges, quantiles, normal intervals where an analytic variance exists, and a documented monotone
 post-processing). Mechanisms (all exactly ε-LDP, all with ``privatize(values, rng)`` vectorised over users):
 
-=====================  =======================================================  ==========  ==================
+=====================  =======================================================  ==========  ========================
 class                  method                                                   unbiased    analytic variance
-=====================  =======================================================  ==========  ==================
-FlatOracle             bucket + OUE / OLH over D items (Wang et al. 2017)        yes         yes (OLH ℓ≥2: idealised)
+=====================  =======================================================  ==========  ========================
+FlatOracle             bucket + OUE / OLH over D items (Wang et al. 2017)        yes         yes (OLH CDF: empirical)
 HierarchicalIntervals  B-ary tree, one sampled level per user (CKS, PVLDB 2019)  yes         yes (first order)
 HaarDistribution       HaarHRR (CKS, PVLDB 2019), :mod:`protocols.haar`           yes         yes (exact)
 SquareWave             Square Wave + EMS (Li et al., SIGMOD 2020)                no (EMS)    no
-=====================  =======================================================  ==========  ==================
+=====================  =======================================================  ==========  ========================
 
 :func:`choose_distribution_mechanism` is ``auto``: the least analytic variance for the asked query (Square Wave
 excluded). SPEC §3.14 states the math. Device-side code (grid, ``privatize``) needs numpy only; nothing here

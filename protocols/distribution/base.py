@@ -71,8 +71,9 @@ class DistributionMechanism(Mechanism):
         return int(np.asarray(reports).shape[0])
 
     def distribution(self, reports: Any, level: float = 0.95, edges: Any = None) -> DistributionEstimate:
-        """Histogram, CDF (at right bucket edges), their plug-in analytic variances and the derived quantiles
-        (:class:`DistributionEstimate`). Plug-in: each variance is evaluated at the raw estimate clipped to [0, 1]."""
+        """Histogram, CDF (at right bucket edges), their variances and the derived quantiles
+        (:class:`DistributionEstimate`): the plug-in analytic variances (each evaluated at the raw estimate clipped
+        to [0, 1]) unless the mechanism estimates them from its statistics (:meth:`statistics_variances`)."""
         return self._distribution(self.estimate(reports), self.prefix_estimates(reports), self.n_reports(reports),
                                   level, edges)
 
@@ -82,10 +83,21 @@ class DistributionMechanism(Mechanism):
         """The additive sufficient statistic of report rows (a fixed-length float vector; sums over disjoint sets
         of rows add). ``n`` is :meth:`n_reports`."""
 
+    def statistics_moments(self, reports: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(total, squares)``: :meth:`statistics_total` and the mechanism's additive second-moment statistic
+        (``Statistics.squares``; flat OLH: :meth:`FlatOracle.statistics_moments
+        <protocols.distribution.flat.FlatOracle.statistics_moments>`). Default: none (empty)."""
+        return np.asarray(self.statistics_total(reports), dtype=float), np.zeros(0)
+
     @property
     def statistics_size(self) -> int:
         """Length of :meth:`statistics_total` (default: D)."""
         return self.D
+
+    @property
+    def squares_size(self) -> int:
+        """Length of the second-moment statistic of :meth:`statistics_moments` (default: 0, none)."""
+        return 0
 
     @abstractmethod
     def estimate_statistics(self, total: Any, n: int) -> np.ndarray:
@@ -95,16 +107,26 @@ class DistributionMechanism(Mechanism):
         """The raw CDF :meth:`prefix_estimates` gives, from the statistics alone (default: cumulative sum)."""
         return np.cumsum(self.estimate_statistics(total, n))
 
-    def distribution_from_statistics(self, total: Any, n: int, level: float = 0.95,
-                                     edges: Any = None) -> DistributionEstimate:
-        """:meth:`distribution` from the sufficient statistics alone (what the coordinator keeps at ingest)."""
-        return self._distribution(self.estimate_statistics(total, n), self.prefix_from_statistics(total, n), int(n),
-                                  level, edges)
+    def distribution_from_statistics(self, total: Any, n: int, level: float = 0.95, edges: Any = None,
+                                     squares: Any = None) -> DistributionEstimate:
+        """:meth:`distribution` from the sufficient statistics alone (what the coordinator keeps at ingest);
+        ``squares`` the second-moment statistic where the mechanism keeps one (None or empty — e.g. aggregates kept
+        before it existed — : the analytic formula)."""
+        hist = np.asarray(self.estimate_statistics(total, n), dtype=float)
+        cdf = np.asarray(self.prefix_from_statistics(total, n), dtype=float)
+        variances = self.statistics_variances(hist, cdf, np.asarray(total, dtype=float), squares, int(n))
+        return self._distribution(hist, cdf, int(n), level, edges, variances)
 
-    def _distribution(self, hist: Any, cdf: Any, n: int, level: float, edges: Any) -> DistributionEstimate:
+    def statistics_variances(self, hist: np.ndarray, cdf: np.ndarray, total: np.ndarray, squares: Any,
+                             n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per-user (histogram, CDF) variances from the statistics; default :meth:`plugin_variances`."""
+        return self.plugin_variances(hist, cdf)
+
+    def _distribution(self, hist: Any, cdf: Any, n: int, level: float, edges: Any,
+                      variances: tuple[np.ndarray | None, np.ndarray | None] | None = None) -> DistributionEstimate:
         hist = np.asarray(hist, dtype=float)
         cdf = np.asarray(cdf, dtype=float)
-        hv, cv = self.plugin_variances(hist, cdf)
+        hv, cv = self.plugin_variances(hist, cdf) if variances is None else variances
         return DistributionEstimate(hist, cdf, n, self.method, self.unbiased, hv, cv, level,
                                     None if edges is None else np.asarray(edges, dtype=float))
 

@@ -34,7 +34,7 @@ import numpy as np
 from protocols.base import FrequencyOracle, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_matrix, user_values
 from protocols.frequency.direct import grr_perturb
-from protocols.hashing import MAX_ITEM, SEED_BITS, P, draw_seeds, hash_values, support_counts
+from protocols.hashing import MAX_ITEM, SEED_BITS, P, draw_seeds, hash_values, support_counts, support_prefix_moments
 
 __all__ = ["LocalHashing", "BLH", "OLH"]
 
@@ -65,6 +65,12 @@ class LocalHashing(FrequencyOracle):
     def support_counts(self, reports: np.ndarray) -> np.ndarray:
         seeds, y = self._split(reports)
         return support_counts(seeds, y, self.k, self.g)
+
+    def support_prefix_moments(self, reports: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The support counts and ``Σ_i S_i(m)²``, S_i(m) the number of items ≤ m report i supports
+        (:func:`protocols.hashing.support_prefix_moments`)."""
+        seeds, y = self._split(reports)
+        return support_prefix_moments(seeds, y, self.k, self.g)
 
     def n_reports(self, reports: np.ndarray) -> int:
         return int(np.asarray(reports).shape[0])

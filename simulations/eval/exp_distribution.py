@@ -400,7 +400,8 @@ def run_timing(config: EvalConfig, sizes: Sequence[int]) -> dict[str, dict[int, 
             with Timer() as tc:
                 reports = mech.privatize_unit(unit, rng)
             with Timer() as ts:
-                est = mech.distribution_from_statistics(mech.statistics_total(reports), n, LEVEL, grid.edges)
+                total, squares = mech.statistics_moments(reports)
+                est = mech.distribution_from_statistics(total, n, LEVEL, grid.edges, squares)
                 est.quantile(QUANTILES)
                 if est.cdf_variance is not None:
                     est.quantile_interval(QUANTILES)
@@ -477,8 +478,10 @@ Coverage: hierarchical intervals use the exact first-order variance of their *co
 the quantile interval is the inverted band at bucket resolution (guaranteed whatever the values' shape inside a
 bucket, hence conservative where the band is narrower than a bucket's mass); "interpolated" inverts the linearly
 interpolated band (narrower; assumes values spread uniformly within each bucket, which holds for the Adult truth by
-construction and not for the latency). Flat OLH's range variance for ℓ ≥ 2 buckets is the idealised formula (its
-Carter–Wegman hash is not 3-wise independent), so its CDF intervals can under-cover. Square Wave has no intervals.
+construction and not for the latency). Flat OLH's CDF intervals use the empirical variance of the users' prefix
+supports, kept as additive statistics (its range formula for ℓ ≥ 2 buckets is idealised: the Carter–Wegman hash is
+not 3-wise independent, and intervals from it under-cover); flat OUE's formula is exact. Square Wave has no
+intervals.
 """
     data = {"errors": errors, "auto_pick": auto_pick, "coverage": coverage, "timing": timing,
             "reference": reference, "populations": [p.name for p in pops],

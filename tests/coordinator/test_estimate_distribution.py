@@ -5,6 +5,7 @@ equal from the aggregates and from the stored reports, and the truth's quantiles
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import numpy as np
 import pytest
@@ -131,3 +132,66 @@ def test_malformed_rows_are_rejected_at_ingest(tmp_path):
            d1.report("r1", "sw", "distribution_square_wave", make_body(5.0)),        # outside [-b, 1 + b]
            d2.report("r1", "flat", "distribution_flat", make_body([0, 1, 2] + [0] * 29))]  # not bits
     assert all(isinstance(r, wire.WireError) for r in validator.check_batch(bad))
+
+
+def _set_old_shape(path, stream: str) -> None:
+    """Rewrite the stream's kept statistics as a version before flat OLH's second moments kept them."""
+    con = sqlite3.connect(path)
+    for writer, text in con.execute("SELECT writer, stats FROM aggregates WHERE stream = ?", (stream,)).fetchall():
+        stats = json.loads(text)
+        stats["squares"] = []
+        con.execute("UPDATE aggregates SET stats = ? WHERE stream = ? AND writer = ?", (json.dumps(stats), stream, writer))
+    con.commit()
+    con.close()
+
+
+def test_flat_olh_aggregates_kept_before_the_prefix_squares_still_estimate_and_rebuild(tmp_path):
+    """Aggregates of a flat OLH stream kept without Q (the old shape) estimate with the formula and the check says
+    they differ; a batch added to them by the same writer, or a new writer's row beside them, leaves the stream
+    estimated from its reports (stale / not summable) — never a failed batch or estimate; ``--rebuild`` restores
+    aggregates equal to the reports'."""
+    n = 300
+    path = tmp_path / "a.db"
+    fleet = SimFleet(n, signature="hmac-sha256")
+    rng = np.random.default_rng(23)
+    msgs = _messages(fleet, _population(rng)[:n], rng)
+    third = [[m for i, m in enumerate(msgs) if (i % n) * 3 // n == part] for part in range(3)]  # by device
+
+    def ingest(store, batch):
+        validator = Validator(store)
+        validator.reload()
+        accepted = [r for r in validator.check_batch(batch) if not isinstance(r, wire.WireError)]
+        assert len(accepted) == len(batch)
+        store.commit_batch(accepted, {}, validator.statistics)
+
+    store = SQLiteStore(path)
+    for rec in fleet.enrollment():
+        store.upsert_device(rec["device_id"], rec["public_key"])
+    RoundManager(store, wire.generate_signing_key()).open_round("r1", 20.0, PARAMS)
+    ingest(store, third[0])
+    _set_old_shape(path, "olh")
+    old = estimate_round(store, "r1")["olh"]
+    assert old.error is None and old.n == n // 3 and old.quantiles[0]["low"] is not None
+    assert {c.stream: c.status for c in check_aggregates(store)}["olh"] == "differ"
+
+    ingest(store, third[1])  # the same writer adds to its old-shape row: the stream becomes stale
+    assert ("r1", "olh") in store.stale_aggregates() and store.aggregates("r1", "olh") is None
+    assert store.aggregates("r1", "flat").n == 2 * n // 3
+    assert estimate_round(store, "r1")["olh"].n == 2 * n // 3  # from the reports meanwhile
+
+    check_aggregates(store, rebuild=True)
+    _set_old_shape(path, "olh")
+    other = SQLiteStore(path)  # another writer: a new-shape row beside the old one
+    ingest(other, third[2])
+    assert store.aggregates("r1", "olh") is None and ("r1", "olh") not in store.stale_aggregates()
+    assert estimate_round(store, "r1")["olh"].n == n
+
+    assert all(c.status == "rebuilt" for c in check_aggregates(store, rebuild=True))
+    assert all(c.status == "agree" for c in check_aggregates(store))
+    kept = estimate_round(store, "r1")["olh"]
+    spec = StreamSpec.model_validate(PARAMS["streams"]["olh"])
+    dec = StreamDecoder.for_spec(spec)
+    again = estimate_stream(spec, dec.from_bodies(store.report_bodies("r1", "olh")), "r1", "olh", decoder=dec)
+    assert kept.n == again.n == n
+    for f in ("cdf", "cdf_low", "cdf_high", "ci_low", "ci_high"):
+        np.testing.assert_allclose(getattr(kept, f), getattr(again, f), rtol=1e-9, atol=1e-12, err_msg=f)

@@ -29,6 +29,7 @@ from protocols.distribution import (
 )
 from protocols.distribution.choose import query_ranges
 from protocols.distribution.hierarchical import decompose, tree_height
+from protocols.hashing import hash_matrix
 from tests.conftest import EPSILONS
 
 
@@ -265,6 +266,43 @@ def test_hierarchical_statistics_are_additive(rng):
     parts = [mech.level_statistics(r[:1000]), mech.level_statistics(r[1000:])]
     for (n, c), (n1, c1), (n2, c2) in zip(whole, *parts):
         assert n == n1 + n2 and np.array_equal(c, c1 + c2)
+
+
+@pytest.mark.parametrize("oracle", ["oue", "olh"])
+def test_flat_statistics_are_additive_and_hold_olh_prefix_squares(oracle, rng):
+    """Two batches' statistics sum to the whole's (support counts and, for OLH, Q_m = Σ_u S_u(m)²), and the
+    estimate from the summed statistics equals the estimate from the reports."""
+    from protocols import catalogue
+
+    mech = FlatOracle(2.0, 16, oracle)
+    entry = catalogue.distribution_entry(mech)
+    r = mech.privatize(rng.integers(0, 16, 3000), rng)
+    whole = entry.statistics(mech, r)
+    summed = entry.statistics(mech, r[:1000]) + entry.statistics(mech, r[1000:]) + entry.empty_statistics(mech)
+    assert whole.n == summed.n == 3000
+    np.testing.assert_array_equal(whole.total, summed.total)
+    np.testing.assert_array_equal(whole.squares, summed.squares)
+    assert whole.squares.shape == ((16,) if oracle == "olh" else (0,))
+    if oracle == "olh":
+        hits = hash_matrix(r[:, 0], 16, mech.oracle.g) == r[:, 1:2]
+        np.testing.assert_array_equal(whole.squares, (np.cumsum(hits, axis=1) ** 2).sum(axis=0))
+    direct, kept = mech.distribution(r), entry.distribution(mech, summed)
+    np.testing.assert_allclose(kept.cdf, direct.cdf)
+    np.testing.assert_allclose(kept.cdf_variance, direct.cdf_variance)
+
+
+def test_flat_olh_without_prefix_squares_falls_back_to_the_formula(rng):
+    """Aggregates kept before Q existed (squares empty) still estimate: the CDF variance is the formula's."""
+    from protocols import catalogue
+    from protocols.catalogue import Statistics
+
+    mech = FlatOracle(4.0, 64, "olh")
+    stats = catalogue.distribution_entry(mech).statistics(mech, mech.privatize(rng.integers(0, 64, 2000), rng))
+    old = catalogue.distribution_entry(mech).distribution(mech, Statistics(stats.n, stats.total, np.zeros(0)))
+    np.testing.assert_allclose(old.cdf_variance, mech.plugin_variances(old.histogram, old.cdf)[1])
+    new = catalogue.distribution_entry(mech).distribution(mech, stats)
+    np.testing.assert_allclose(new.histogram_variance, old.histogram_variance)  # ℓ = 1: the exact formula
+    assert new.cdf_variance[-2] > 1.8 * old.cdf_variance[-2]  # the formula misses the hash's correlation
 
 
 # ----------------------------------------------------------------------------- the common result

@@ -25,7 +25,7 @@ from protocols.frequency import (
     project_simplex,
 )
 from protocols.frequency.hadamard import hadamard_entries
-from protocols.hashing import draw_seeds, hash_matrix, hash_values, support_counts
+from protocols.hashing import draw_seeds, hash_matrix, hash_values, support_counts, support_prefix_moments
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 RTOL = 1e-12
@@ -323,6 +323,19 @@ def test_support_counts_walk_equals_hash_matrix(g, chunk):
     y = rng.integers(0, g, n)
     expected = (hash_matrix(seeds, k, g) == y[:, None]).sum(axis=0)
     np.testing.assert_array_equal(support_counts(seeds, y, k, g, chunk=chunk, strategy="walk"), expected)
+
+
+@pytest.mark.parametrize("n", [300, 2500])  # the blocks path, the walk (from WALK_MIN_USERS users on)
+@pytest.mark.parametrize("g", [2, 7, 56])
+def test_support_prefix_moments_equal_hash_matrix(n, g):
+    rng = np.random.default_rng(n + g)
+    k = 37
+    seeds = draw_seeds(n, rng)
+    y = rng.integers(0, g, n)
+    hits = hash_matrix(seeds, k, g) == y[:, None]
+    counts, squares = support_prefix_moments(seeds, y, k, g)
+    np.testing.assert_array_equal(counts, hits.sum(axis=0))
+    np.testing.assert_array_equal(squares, (np.cumsum(hits, axis=1) ** 2).sum(axis=0))
 
 
 def test_lh_extreme_seeds_do_not_overflow():
