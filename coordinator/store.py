@@ -155,6 +155,12 @@ class Store(ABC):
         the round names); None = any stream of a round; :data:`KEEP` (default) leaves the stored one."""
 
     @abstractmethod
+    def add_devices(self, devices: Iterable[tuple[str, str]], status: str = "active",
+                    contract: dict[str, str] | None = KEEP) -> int:
+        """Enrol or update many devices at once, ``(device_id, public key)`` pairs: what :meth:`upsert_device` does
+        to each, as one statement over all rows in one transaction (all or none). The number of pairs."""
+
+    @abstractmethod
     def set_device_status(self, device_id: str, status: str) -> None:
         """Set an enrolled device's status (ValueError for an unknown device or status)."""
 
@@ -322,19 +328,44 @@ class _SQLStore(Store):
     def _end_read(self) -> None:
         """Finish the implicit read transaction (PostgreSQL would otherwise hold a snapshot)."""
 
-    def upsert_device(self, device_id: str, public_key: str, status: str = "active",
-                      contract: dict[str, str] | None = KEEP) -> None:
+    @staticmethod
+    def _device_upsert(status: str, contract: dict[str, str] | None) -> tuple[str, str | None]:
+        """The INSERT … ON CONFLICT of :meth:`upsert_device` / :meth:`add_devices`, and the contract column."""
         if status not in DEVICE_STATUSES:
             raise ValueError(f"device status must be one of {DEVICE_STATUSES}")
         keep = contract is KEEP
-        text = None if keep else contract_text(contract)
-        self._exec(
-            "INSERT INTO devices (device_id, public_key, status, enrolled_at, contract) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (device_id) DO UPDATE SET public_key = excluded.public_key, status = excluded.status"
-            + ("" if keep else ", contract = excluded.contract"),
-            (device_id, public_key, status, time.time(), text),
-            commit=True,
-        )
+        sql = ("INSERT INTO devices (device_id, public_key, status, enrolled_at, contract) VALUES (?, ?, ?, ?, ?) "
+               "ON CONFLICT (device_id) DO UPDATE SET public_key = excluded.public_key, status = excluded.status"
+               + ("" if keep else ", contract = excluded.contract"))
+        return sql, None if keep else contract_text(contract)
+
+    def upsert_device(self, device_id: str, public_key: str, status: str = "active",
+                      contract: dict[str, str] | None = KEEP) -> None:
+        sql, text = self._device_upsert(status, contract)
+        self._exec(sql, (device_id, public_key, status, time.time(), text), commit=True)
+
+    def add_devices(self, devices: Iterable[tuple[str, str]], status: str = "active",
+                    contract: dict[str, str] | None = KEEP) -> int:
+        sql, text = self._device_upsert(status, contract)
+        now = time.time()
+        count = 0
+
+        def rows() -> Iterator[tuple[Any, ...]]:
+            nonlocal count
+            for device_id, public_key in devices:
+                count += 1
+                yield device_id, public_key, status, now, text
+
+        with self._lock:
+            self._check_connection()
+            cur = self._conn.cursor()
+            try:
+                cur.executemany(self._q(sql), rows())
+                self._conn.commit()
+            except BaseException:
+                self._rollback()
+                raise
+        return count
 
     def set_device_status(self, device_id: str, status: str) -> None:
         if status not in DEVICE_STATUSES:

@@ -4,7 +4,8 @@
     ... broker.host, broker.port, broker.protocol ("5" or "3.1.1") ...
     broker.stop()
 
-mosquitto runs with an empty, anonymous, loopback-only configuration written to ``workdir``; amqtt runs in a child
+mosquitto runs with an empty, anonymous, loopback-only configuration written to ``workdir`` (or the one given as
+``MosquittoOptions.conf``, e.g. the shipped TLS configuration of :func:`shipped_tls_conf`); amqtt runs in a child
 Python process: the interpreter named by ``HAARVEST_AMQTT_PYTHON``, else this one if it can import amqtt, else the
 separate environment ``make broker-venv`` creates (``.venv-broker``: amqtt's pins conflict with Flower's, so
 ``make demo`` never installs it beside haarvest). Both children die with their parent (``PR_SET_PDEATHSIG`` on
@@ -182,19 +183,23 @@ def _await_listening(broker: Broker, timeout: float = 10.0) -> None:
 
 def _start_mosquitto(exe: str, workdir: Path, host: str, port: int, options: "MosquittoOptions") -> Broker:
     conf = workdir / "mosquitto.conf"
-    lines = [
-        f"listener {port} {host}",
-        "allow_anonymous true",
-        *(["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"] if options.persistence
-          else ["persistence false"]),
-        f"max_queued_messages {options.max_queued}",
-        f"max_inflight_messages {options.max_inflight}",
-        "log_dest stderr",
-        "log_type error",
-        "log_type warning",
-    ]
+    persistence = (["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"]
+                   if options.persistence else ["persistence false"])
+    if options.conf is None:
+        lines = [
+            f"listener {port} {host}",
+            "allow_anonymous true",
+            *persistence,
+            f"max_queued_messages {options.max_queued}",
+            f"max_inflight_messages {options.max_inflight}",
+            "log_dest stderr",
+            "log_type error",
+            "log_type warning",
+        ]
+    else:
+        lines = [*persistence, options.conf.rstrip("\n")]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
-        lines.insert(2, "user root")  # as root, mosquitto would otherwise switch to the 'mosquitto' user
+        lines.insert(0, "user root")  # as root, mosquitto would otherwise switch to the 'mosquitto' user
     conf.write_text("\n".join(lines) + "\n" + options.extra_conf)
     log_path = workdir / "mosquitto.log"
     log = open(log_path, "ab")
@@ -209,12 +214,18 @@ def _start_mosquitto(exe: str, workdir: Path, host: str, port: int, options: "Mo
 class MosquittoOptions:
     """mosquitto settings of a throwaway broker: ``persistence`` keeps sessions and queued messages across a restart
     (in the broker's work directory), ``max_queued`` messages per offline session, ``max_inflight`` QoS 1/2
-    messages per client (0: no limit), and ``extra_conf`` lines appended to the generated mosquitto.conf."""
+    messages per client (0: no limit), and ``extra_conf`` lines appended to the generated mosquitto.conf.
+
+    ``conf``: a whole configuration (e.g. :func:`shipped_tls_conf`) used instead of the generated listener,
+    anonymous-access, queue and log lines (``max_queued``/``max_inflight`` then do not apply); it must open a
+    listener on the broker's host and port. The launcher still adds ``user root`` (when run as root), the
+    persistence lines and ``extra_conf``."""
 
     persistence: bool = False
     max_queued: int = 100_000
     max_inflight: int = 100
     extra_conf: str = ""
+    conf: str | None = None
 
 
 _AMQTT_MAIN = (

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simulations.broker import DEPLOY, Broker, MosquittoOptions, dynsec_plugin, free_port, mosquitto_path, start_broker  # noqa: F401
-from simulations.broker import wait_port  # noqa: F401 - re-exported
+from simulations.broker import Broker, MosquittoOptions, dynsec_plugin, free_port, mosquitto_path, start_broker
 from simulations.broker import shipped_tls_conf as _shipped_tls_conf
 
 
@@ -58,8 +57,11 @@ class Mosquitto:
             self.broker.stop()
 
     def restart(self) -> None:
-        self.stop()
-        self.start()
+        """:meth:`simulations.broker.Broker.restart` (starts the broker if it never ran)."""
+        if self.broker is None:
+            self.start()
+        else:
+            self.broker.restart()
 
 
 @pytest.fixture

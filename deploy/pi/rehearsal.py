@@ -36,7 +36,10 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simulations.broker import Broker
 
 REPO = Path(__file__).resolve().parents[2]
 DEVICE = "pi-rehearsal"
@@ -166,11 +169,11 @@ def chroot_env() -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------ host side
 
 
-def host_side(work: Path, port: int) -> tuple[Any, subprocess.Popen, Path]:
+def host_side(work: Path, port: int) -> tuple[Any, Broker, Path]:
     """PKI, mosquitto with the shipped TLS configuration, and a coordinator connected over TLS."""
     from coordinator.pki import coordinator_key, init_ca, issue_certificate
     from coordinator.service import Coordinator, CoordinatorConfig
-    from simulations.broker import die_with_parent, mosquitto_path, shipped_tls_conf, wait_port
+    from simulations.broker import MosquittoOptions, shipped_tls_conf, start_broker
 
     pki = work / "pki"
     init_ca(pki)
@@ -180,12 +183,8 @@ def host_side(work: Path, port: int) -> tuple[Any, subprocess.Popen, Path]:
     coordinator_key(work / "coordinator.key")
     broker_dir = work / "broker"
     broker_dir.mkdir()
-    conf = broker_dir / "mosquitto.conf"
-    conf.write_text("user root\n" + shipped_tls_conf(broker_dir, pki, port))
-    log = open(broker_dir / "mosquitto.log", "ab")
-    broker = subprocess.Popen([mosquitto_path() or "mosquitto", "-c", str(conf)], stdout=log, stderr=log,
-                              preexec_fn=die_with_parent)
-    wait_port(port, proc=broker)
+    broker = start_broker(broker_dir, "mosquitto", port=port,
+                          options=MosquittoOptions(conf=shipped_tls_conf(broker_dir, pki, port)))
     clients = pki / "clients"
     coord = Coordinator(CoordinatorConfig(
         db=str(work / "coordinator.db"), key_file=str(work / "coordinator.key"), mqtt_host="127.0.0.1",
@@ -282,8 +281,7 @@ def rehearse(args: argparse.Namespace) -> dict[str, Any]:
             agent.kill()
             agent.wait()
         coord.close()
-        broker.terminate()
-        broker.wait(10)
+        broker.stop(timeout=10)
     (Path(args.out) / "rehearsal.json").write_text(json.dumps(out, indent=1))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,16 +1,17 @@
 """Fleet scale: one round of N enrolled devices through a real mosquitto into one coordinator, then its estimates.
 
-Issue 18 item 2 (a million-device round; N = 10⁶ by default, ``HAARVEST_BENCH_FLEET_N`` or ``--devices`` to change
-it; ``--quick`` / ``make bench BENCH_ARGS=--quick``: 2,000). Measured in one run, on one spawned mosquitto
-(persistence on, loopback, QoS 1):
+A million-device round: N = 10⁶ by default (``HAARVEST_BENCH_FLEET_N`` or ``--devices`` to change it; ``--quick`` /
+``make bench BENCH_ARGS=--quick``: 2,000). Measured in one run, on one spawned mosquitto (persistence on, loopback,
+QoS 1):
 
 * **enrolment** — N devices with HMAC-SHA256 report keys (:mod:`protocols.wire`; an Ed25519 signature costs far more
-  to verify: the ingest section measures both) written to the store's ``devices`` table in one transaction (one
-  ``executemany``, the rows :meth:`coordinator.store.Store.upsert_device` writes);
+  to verify: the ingest section measures both) enrolled in the store in one transaction
+  (:meth:`coordinator.store.Store.add_devices`: one ``executemany``);
 * **the round** — three streams: ``load`` (numeric, ``hybrid``), ``app`` (frequency, ``oue``, k = 16) and ``env``
   (``haar``, 4 dims). Each device reports *one* stream (device i the stream i mod 3): N reports in all, not 3N. The
   true values are drawn per device, privatized with the stream's own mechanism (vectorised, as the devices'), signed
-  with the device's key and written to a file in a random arrival order (devices report at random times);
+  with the device's key (:meth:`coordinator.simfleet.SimDevice.report`) and written to a file in a random arrival
+  order (devices report at random times);
 * **raw, mosquitto_pub** — the same payloads from that file through ``mosquitto_pub -l -q 1`` (in chunks, one
   process after the other: :data:`simulations.bench.ingest.PUB_CHUNK`) to ``mosquitto_sub -q 1 -C N``: the broker's
   rate with C clients at both ends, in this run;
@@ -59,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.rounds import RoundManager
+from coordinator.simfleet import SimDevice
 from coordinator.store import SQLITE_CACHE_KIB, SQLiteStore, StoredReport
 from protocols import wire
 from protocols.contract import StreamSpec, make_body, normalise
@@ -119,18 +121,15 @@ class Fleet:
         return wire.MacKey(self.secrets[wire.MAC_KEY_BYTES * i:wire.MAC_KEY_BYTES * (i + 1)])
 
     def enrol(self, db: Path) -> float:
-        """Every device into the store's devices table: one executemany, one transaction. Seconds taken."""
+        """Every device into the store's devices table (:meth:`~coordinator.store.Store.add_devices`: one
+        ``executemany``, one transaction). Seconds taken."""
         store = SQLiteStore(db)  # the schema
-        store.close()
-        t0 = time.perf_counter()
-        conn = sqlite3.connect(db)
-        now = time.time()
-        with conn:
-            conn.executemany("INSERT INTO devices (device_id, public_key, status, enrolled_at, contract) "
-                             "VALUES (?, ?, 'active', ?, NULL)",
-                             ((device_id(i), wire.registry_key(self.key(i)), now) for i in range(self.n)))
-        conn.close()
-        return time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            store.add_devices((device_id(i), wire.registry_key(self.key(i))) for i in range(self.n))
+            return time.perf_counter() - t0
+        finally:
+            store.close()
 
     def write_reports(self, round_id: str, topics_file: Path, lines_file: Path) -> tuple[float, float]:
         """Sign every device's report (device i: stream i mod 3) in a random arrival order: ``topic\\tpayload``
@@ -141,7 +140,7 @@ class Fleet:
         with open(topics_file, "wb") as tf, open(lines_file, "wb") as lf:
             for start in range(0, self.n, CHUNK):
                 chunk = order[start:start + CHUNK]
-                payloads: dict[int, bytes] = {}
+                payloads: dict[int, tuple[str, bytes]] = {}
                 for si, stream in enumerate(STREAMS):
                     ids = chunk[chunk % len(STREAMS) == si]
                     if not ids.size:
@@ -156,16 +155,13 @@ class Fleet:
                         lo, hi = spec.lo_hi()
                         t = normalise(x if x.ndim == 2 else x[:, None], lo, hi)
                         rows = mech.privatize(t if spec.kind == "haar" else t[:, 0], self.rng)
-                    for i, row in zip(ids.tolist(), rows):
-                        did = device_id(i)
-                        topic = wire.report_topic(did)
-                        rep = wire.Report(device_id=did, boot=1, seq=1, round_id=round_id, stream=stream,
-                                          mechanism=spec.wire_mechanism, body=make_body(codec.encode_row(mech, row)))
-                        payloads[i] = wire.signed_report_bytes(rep, topic, self.key(i))
+                    for i, row in zip(ids.tolist(), rows):  # each device's first report (boot 1, seq 1)
+                        payloads[i] = SimDevice(device_id(i), self.key(i)).report(
+                            round_id, stream, spec.wire_mechanism, make_body(codec.encode_row(mech, row)))
                 for i in chunk.tolist():
-                    p = payloads[i]
+                    topic, p = payloads[i]
                     size += len(p)
-                    tf.write(wire.report_topic(device_id(i)).encode() + b"\t" + p + b"\n")
+                    tf.write(topic.encode() + b"\t" + p + b"\n")
                     lf.write(p + b"\n")
         return time.perf_counter() - t0, size / self.n
 

@@ -8,7 +8,7 @@ per round (median), and the ε charged per device after τ rounds (mean / max) a
 longitudinal bound. The unary-encoding chains privatize (n, k) bit matrices and are run on fewer rounds in the full
 run (stated in the table).
 
-RAPPOR decoding at k ≈ 1,300 (issue 20): Syn with k = 1,300, n = 10^4; RAPPOR as in the evaluation (h = 1, 128 bits,
+RAPPOR decoding at k ≈ 1,300: Syn with k = 1,300, n = 10^4; RAPPOR as in the evaluation (h = 1, 128 bits,
 32 cohorts, calibrated to the same ε∞, ε1) decoded by its default least squares and by NNLS, against L-SUE's decoder
 (column sums) on the same rounds: decode time per round (the first RAPPOR decode also hashes the Bloom table and
 factorises XᵀX, shown apart), the mean total Σ f̂ (1 for an unbiased decoder up to noise) and the MSE raw and after

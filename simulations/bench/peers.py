@@ -1,4 +1,4 @@
-"""Benchmark section ``peers``: the peer libraries' own examples, run side by side with haarvest (issue 20 item 5).
+"""Benchmark section ``peers``: the peer libraries' own examples, run side by side with haarvest.
 
 * **pure-ldp's ``example.py``** — frequency oracles on its synthetic data (counts 8000, 4000, 1000, 500, 1000, 1800,
   2000, 300 of items 1..8; ε = 3), error = mean squared error of the rounded count estimates, as the example

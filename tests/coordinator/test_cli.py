@@ -69,7 +69,7 @@ def test_cli_enroll_rounds_estimate_export(tmp_path, capsys):
 
 def test_cli_run_with_an_unusable_ca_file_exits_1_with_a_hint(tmp_path, capsys):
     """A TLS option that cannot work is reported by `coordinator run` in one line (exit 1), not as a traceback."""
-    from tests.brokers import free_port
+    from simulations.broker import free_port
 
     bad = tmp_path / "ca.pem"
     bad.write_text("not a certificate\n")

@@ -16,7 +16,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from coordinator.ingest import IngestSettings, IngestWorker
 from coordinator.store import SQLiteStore
 from coordinator.validate import Validator
-from tests.brokers import free_port
+from simulations.broker import free_port
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration]
 

@@ -170,7 +170,8 @@ def test_postgres_two_workers_commit_overlapping_batches_concurrently(postgres_s
         workers[0].upsert_device(rec["device_id"], rec["public_key"])
     RoundManager(workers[0], wire.generate_signing_key()).open_round("ovl", 1.0, PARAMS)
     rng = np.random.default_rng(18)
-    reports = fleet.reports("ovl", "cpu", "duchi", list(np.where(rng.random(n) < 0.4, 2.16, -2.16)))
+    reports = fleet.reports("ovl", "cpu", "duchi", list(np.where(rng.random(n) < 0.4, 2.16, -2.16)),
+                            catalogue.build("duchi", epsilon=1.0))
     orders = [rng.permutation(n), rng.permutation(n)]
     sizes = [7, 11]
     validators = [Validator(w) for w in workers]

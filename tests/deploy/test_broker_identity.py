@@ -6,8 +6,6 @@ cap. Each test fails on a configuration without the binding (or without ``messag
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -19,7 +17,8 @@ from paho.mqtt.properties import Properties
 
 from coordinator import pki
 from protocols.wire import MAX_PAYLOAD as MAX_PAYLOAD_BYTES
-from tests.brokers import free_port, shipped_tls_conf, wait_port
+from simulations.broker import Broker, MosquittoOptions, free_port, mosquitto_path, start_broker
+from tests.brokers import shipped_tls_conf
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 IDENTITIES = ("coordinator", "coordinator-rounds", "dev-1", "dev-2")
@@ -29,30 +28,28 @@ pytestmark = pytest.mark.integration
 
 class TlsBroker:
     def __init__(self, tmp_path: Path) -> None:
-        exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        if not Path(exe).exists():
+        if mosquitto_path() is None:
             pytest.skip("mosquitto not installed")
-        self.exe, self.tmp = exe, tmp_path
+        self.tmp = tmp_path
         self.ca = tmp_path / "pki"
         pki.init_ca(self.ca)
         pki.issue_certificate(self.ca, "broker", self.ca, server=True, hosts=["localhost", "127.0.0.1"])
         for cn in IDENTITIES:
             pki.issue_certificate(self.ca, cn, self.ca / "clients")
         self.port = free_port()
-        conf = shipped_tls_conf(tmp_path, self.ca, self.port)
-        (tmp_path / "m.conf").write_text(f"user root\npersistence true\npersistence_location {tmp_path}/\n" + conf)
-        self.proc: subprocess.Popen | None = None
+        self.options = MosquittoOptions(persistence=True, conf=shipped_tls_conf(tmp_path, self.ca, self.port))
+        self.broker: Broker | None = None
 
     def start(self) -> TlsBroker:
-        log = open(self.tmp / "m.log", "ab")
-        self.proc = subprocess.Popen([self.exe, "-c", str(self.tmp / "m.conf")], stdout=log, stderr=log)
-        wait_port(self.port)
+        if self.broker is None:
+            self.broker = start_broker(self.tmp, "mosquitto", port=self.port, options=self.options)
+        else:
+            self.broker.start()
         return self
 
     def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(5)
+        if self.broker is not None:
+            self.broker.stop()
 
     def client(self, cn: str, client_id: str, *, clean: bool = False, on_message=None) -> mqtt.Client:
         """A connected MQTT 5 client with ``cn``'s certificate asking for ``client_id``."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.brokers import free_port
+from simulations.broker import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "deploy" / "stack"

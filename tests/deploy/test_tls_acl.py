@@ -17,7 +17,8 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from coordinator import pki
-from tests.brokers import free_port, shipped_tls_conf, wait_port
+from simulations.broker import MosquittoOptions, free_port, mosquitto_path, start_broker
+from tests.brokers import shipped_tls_conf
 
 pytestmark = pytest.mark.integration
 
@@ -26,8 +27,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 @pytest.fixture
 def tls_broker(tmp_path):
-    exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    if not Path(exe).exists():
+    if mosquitto_path() is None:
         pytest.skip("mosquitto not installed")
     ca = tmp_path / "pki"
     pki.init_ca(ca)
@@ -36,15 +36,8 @@ def tls_broker(tmp_path):
         pki.issue_certificate(ca, cn, ca / "clients")
     port = free_port()
     conf = shipped_tls_conf(tmp_path, ca, port)
-    (tmp_path / "m.conf").write_text("user root\n" + conf)  # tests run as root in 0700 temp dirs
-    log = open(tmp_path / "m.log", "wb")
-    proc = subprocess.Popen([exe, "-c", str(tmp_path / "m.conf")], stdout=log, stderr=log)
-    try:
-        wait_port(port)
+    with start_broker(tmp_path, "mosquitto", port=port, options=MosquittoOptions(conf=conf)):
         yield port, ca
-    finally:
-        proc.terminate()
-        proc.wait(5)
 
 
 def _client(port: int, ca: Path, cn: str | None) -> mqtt.Client:

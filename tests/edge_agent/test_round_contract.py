@@ -3,6 +3,8 @@ which it refuses — δ, rounding steps, the mechanism's class, category labels,
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,13 @@ def test_a_round_cannot_change_the_unit(tmp_path):
     assert spec["unit"] == "device"
     with pytest.raises(SpecMismatch, match="unit"):
         pipe.plan_for("x", {**spec, "unit": "value"})
+
+
+def test_pipeline_plan_for_another_mechanism_of_the_stream(tmp_path):
+    p = Pipeline(round_config(tmp_path, [numeric("load", 0, 100)], HYBRID_LOAD, unit="value"), SECRET)
+    own = p.streams["load"].stream_spec()
+    plan = p.plan_for("load", {**own, "mechanism": "piecewise", "params": {"epsilon": 0.5}})
+    assert plan.mechanism_name == "piecewise" and plan.epsilon == 0.5
+    with pytest.raises(ValueError):
+        p.plan_for("load", {**own, "mechanism": "hybrid", "params": {"epsilon": 5.0}})
+    assert json.loads(plan.spec) == {"mechanism": "piecewise", "params": {"epsilon": 0.5}}

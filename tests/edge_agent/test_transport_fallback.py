@@ -11,7 +11,7 @@ import pytest
 from edge_agent.agent import Agent
 from edge_agent.embed import new_identity, numeric, simple_config
 from edge_agent.sources import CallableSource
-from tests.brokers import free_port
+from simulations.broker import free_port
 
 pytestmark = pytest.mark.integration
 

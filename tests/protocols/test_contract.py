@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from protocols.contract import denormalise, normalise
+from protocols.contract import StreamSpec, denormalise, normalise
 
 
 def test_normalise_and_denormalise():
@@ -16,3 +16,19 @@ def test_normalise_and_denormalise():
         normalise(x, hi, lo)
     with pytest.raises(ValueError, match="finite"):
         normalise([np.nan], 0, 1)
+
+
+def test_component_form_of_haar_is_converted_to_haar_record_params():
+    spec = StreamSpec.model_validate({
+        "kind": "haar", "dims": ["a", "b", "c"], "bounds": [[0, 1]] * 3,
+        "mean": {"mechanism": "hybrid", "params": {"epsilon": 0.5}},
+        "detail": {"mechanism": "ksampling", "params": {"epsilon": 1.5, "d": 3}}})
+    assert spec.mechanism == "haar" and spec.mean is None and spec.detail is None
+    assert spec.params == {"epsilon": 2.0, "d": 3, "mean_mechanism": "hybrid", "detail_mechanism": "ksampling",
+                           "split": 0.25}
+    mech = spec.build()
+    assert mech.epsilon_mean == pytest.approx(0.5) and mech.epsilon_detail == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="detail mechanism"):
+        StreamSpec.model_validate({"kind": "haar", "dims": ["a", "b"], "bounds": [[0, 1]] * 2,
+                                   "mean": {"mechanism": "hybrid", "params": {"epsilon": 0.5}},
+                                   "detail": {"mechanism": "ksampling", "params": {"epsilon": 1.5, "d": 3}}})

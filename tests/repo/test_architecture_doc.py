@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "architecture.md").read_text()
-PACKAGES = ("protocols", "edge_agent", "coordinator", "simulations")
+PACKAGES = ("protocols", "edge_agent", "coordinator", "simulations", "haarvest")
 
 
 def _section(package: str) -> str:

@@ -38,3 +38,18 @@ def test_mosquitto_options_are_not_silently_dropped_for_amqtt(tmp_path, monkeypa
     monkeypatch.setattr(broker_mod, "mosquitto_path", lambda: None)
     with pytest.raises(BrokerUnavailable):
         start_broker(tmp_path, "auto", options=MosquittoOptions(persistence=True))
+
+
+def test_given_configuration_replaces_the_generated_one(tmp_path):
+    """``MosquittoOptions(conf=...)``: the broker runs on that configuration, plus the persistence lines and
+    ``extra_conf``; none of the generated listener or anonymous-access lines are written."""
+    if mosquitto_path() is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    port = broker_mod.free_port()
+    given = f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 3\n"
+    options = MosquittoOptions(persistence=True, conf=given, extra_conf="# extra line\n")
+    with start_broker(tmp_path, "mosquitto", port=port, options=options) as b:
+        conf = (tmp_path / "mosquitto.conf").read_text()
+        assert given in conf and "persistence true" in conf and conf.endswith("# extra line\n")
+        assert conf.count("listener ") == 1 and "max_queued_messages 100000" not in conf
+        assert _queued_message_survives_restart(b) == b"kept"

@@ -20,7 +20,8 @@ from coordinator.service import Coordinator, CoordinatorConfig
 from edge_agent import Agent, run_fleet
 from edge_agent.embed import enrolment, new_identity, numeric, simple_config
 from edge_agent.sources import CallableSource
-from tests.brokers import free_port, mosquitto, wait_until  # noqa: F401 - fixture
+from simulations.broker import free_port
+from tests.brokers import mosquitto, wait_until  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
 

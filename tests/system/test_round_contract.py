@@ -4,19 +4,15 @@ protocols); bounds are the device's; rounding steps and mechanisms within the de
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from coordinator.estimate import estimate_round
 from coordinator.rounds import RoundManager
-from protocols.contract import StreamSpec
 from coordinator.store import SQLiteStore
 from coordinator.validate import Validator
 from edge_agent.agent import Agent
 from edge_agent.embed import categorical, new_identity, simple_config
-from edge_agent.pipeline import Pipeline
 from edge_agent.sources import CallableSource
 from protocols import wire
 from protocols.longitudinal import LOLOHA
@@ -37,22 +33,6 @@ def _cfg(i, tmp_path, streams=STREAMS, dims=DIMS, unit="value"):
 
 def _round(rid, params, eps=10.0, **kw):
     return wire.sign_round(wire.RoundConfig(round_id=rid, protocol="t", epsilon=eps, params=params, **kw), COORD)
-
-
-def test_component_form_of_haar_is_converted_to_haar_record_params():
-    spec = StreamSpec.model_validate({
-        "kind": "haar", "dims": ["a", "b", "c"], "bounds": [[0, 1]] * 3,
-        "mean": {"mechanism": "hybrid", "params": {"epsilon": 0.5}},
-        "detail": {"mechanism": "ksampling", "params": {"epsilon": 1.5, "d": 3}}})
-    assert spec.mechanism == "haar" and spec.mean is None and spec.detail is None
-    assert spec.params == {"epsilon": 2.0, "d": 3, "mean_mechanism": "hybrid", "detail_mechanism": "ksampling",
-                           "split": 0.25}
-    mech = spec.build()
-    assert mech.epsilon_mean == pytest.approx(0.5) and mech.epsilon_detail == pytest.approx(1.5)
-    with pytest.raises(ValueError, match="detail mechanism"):
-        StreamSpec.model_validate({"kind": "haar", "dims": ["a", "b"], "bounds": [[0, 1]] * 2,
-                                   "mean": {"mechanism": "hybrid", "params": {"epsilon": 0.5}},
-                                   "detail": {"mechanism": "ksampling", "params": {"epsilon": 1.5, "d": 3}}})
 
 
 def _fleet(tmp_path, n, rng, unit="value"):
@@ -196,16 +176,6 @@ def test_round_mechanism_within_budget_for_haar_and_longitudinal(tmp_path):
     out = a.handle_round(_round("r2", {"streams": specs}).to_bytes())
     assert ("app", "spec_epsilon") in out.refused and ("profile", "spec_epsilon") in out.refused
     a.close()
-
-
-def test_pipeline_plan_for_another_mechanism_of_the_stream(tmp_path):
-    p = Pipeline(_cfg(0, tmp_path), bytes(32))
-    own = p.streams["load"].stream_spec()
-    plan = p.plan_for("load", {**own, "mechanism": "piecewise", "params": {"epsilon": 0.5}})
-    assert plan.mechanism_name == "piecewise" and plan.epsilon == 0.5
-    with pytest.raises(ValueError):
-        p.plan_for("load", {**own, "mechanism": "hybrid", "params": {"epsilon": 5.0}})
-    assert json.loads(plan.spec) == {"mechanism": "piecewise", "params": {"epsilon": 0.5}}
 
 
 def test_heavy_hitter_rounds_map_values_to_the_rounds_items(tmp_path):

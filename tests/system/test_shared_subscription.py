@@ -40,7 +40,8 @@ from coordinator.simfleet import SimFleet
 from coordinator.store import PostgresStore
 from protocols import wire
 from protocols.contract import parse_round_params
-from tests.brokers import free_port, wait_until
+from simulations.broker import free_port
+from tests.brokers import wait_until
 
 pytestmark = pytest.mark.integration
 
