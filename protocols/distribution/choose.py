@@ -14,8 +14,10 @@ uniform-population fraction f = ℓ/D; at most 64 evenly spaced ranges are avera
 * ``"histogram"``: the single buckets [j, j].
 
 Hierarchical intervals are ranked by the variance of their *consistent* estimate (what they return; exact to
-first order, :meth:`~protocols.distribution.HierarchicalIntervals.query_variances`), not the raw formula. OLH's
-range variance for ℓ ≥ 2 items is the idealised formula (see :mod:`protocols.distribution.flat`).
+first order, :meth:`~protocols.distribution.HierarchicalIntervals.query_variances`), not the raw formula. Flat
+OLH is a candidate only for single-bucket queries (``"histogram"``, ranges of length 1): for ℓ ≥ 2 buckets its
+range variance formula is idealised and too small (its hash family is not 3-wise independent; see
+:mod:`protocols.distribution.flat`), so it is not ranked by it.
 """
 
 from __future__ import annotations
@@ -102,8 +104,11 @@ def choose_distribution_mechanism(epsilon: float, D: int, query: str = "cdf", le
     """The candidate with the least analytic variance for ``query`` (module docstring). Square Wave excluded."""
     eps = check_epsilon(epsilon)
     D = check_int(D, "D", minimum=2, maximum=MAX_BUCKETS)
-    query_ranges(D, query, length)  # validates query/length
-    candidates: list[DistributionMechanism] = [FlatOracle(eps, D, o) for o in ORACLES]
+    single_buckets = all(a == b for a, b in query_ranges(D, query, length))  # also validates query/length
+    # a flat oracle whose supports are not independent (OLH) is ranked only for single buckets: for sums of several
+    # buckets its formula is idealised (too small), and its real variance is known only from the reports
+    flat = [FlatOracle(eps, D, o) for o in ORACLES]
+    candidates: list[DistributionMechanism] = [m for m in flat if single_buckets or m.oracle.independent_supports]
     # B = D is one level (the flat oracle) made consistent with the known total: a distinct candidate, which
     # optimal_branching also considers
     candidates += [HierarchicalIntervals(eps, D, B, o) for o in ORACLES for B in BRANCHINGS if B <= D]

@@ -119,12 +119,12 @@ class FlatOracle(AnalyticDistribution):
     @property
     def squares_size(self) -> int:
         """OLH keeps ``Q_m`` for m in [0, D); OUE nothing (its formula is exact)."""
-        return self.D if self.oracle_name == "olh" else 0
+        return 0 if self.oracle.independent_supports else self.D
 
     def statistics_moments(self, reports: Any) -> tuple[np.ndarray, np.ndarray]:
         """OLH: the support counts and ``Q_m = Σ_u S_u(m)²`` (one residue walk over the D buckets,
         :meth:`protocols.frequency.OLH.support_prefix_moments`); OUE: the support counts alone."""
-        if self.oracle_name != "olh":
+        if self.oracle.independent_supports:
             return super().statistics_moments(reports)
         counts, squares = self.oracle.support_prefix_moments(reports)
         return np.asarray(counts, dtype=float), np.asarray(squares, dtype=float)

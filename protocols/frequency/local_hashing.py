@@ -47,6 +47,9 @@ class LocalHashing(FrequencyOracle):
 
     #: dtype of the report rows ``privatize`` returns ([seed, y]).
     report_dtype = np.int64
+    #: ``((a·v+b) mod P) mod g`` is 2-universal but not 3-wise independent: the supports of two items by a holder
+    #: of a third are correlated, so a sum of several item estimates has more variance than the idealised formula
+    independent_supports = False
 
     def __init__(self, epsilon: float, k: int, g: int) -> None:
         self.epsilon = oracle_epsilon(epsilon)

@@ -36,6 +36,9 @@ class UnaryEncoding(FrequencyOracle):
 
     #: dtype of the report rows ``privatize`` returns (0/1 bits).
     report_dtype = np.uint8
+    #: the supports of any set of items are independent given the value (independent bits), so the variance of a
+    #: sum of item estimates is the sum of their variances: the range-variance formula is exact
+    independent_supports = True
 
     def __init__(self, epsilon: float, k: int, p: float, q: float) -> None:
         self.epsilon = oracle_epsilon(epsilon)

@@ -278,7 +278,7 @@ def test_flat_statistics_are_additive_and_hold_olh_prefix_squares(oracle, rng):
     entry = catalogue.distribution_entry(mech)
     r = mech.privatize(rng.integers(0, 16, 3000), rng)
     whole = entry.statistics(mech, r)
-    summed = entry.statistics(mech, r[:1000]) + entry.statistics(mech, r[1000:]) + entry.empty_statistics(mech)
+    summed = entry.statistics(mech, r[:1000]) + entry.statistics(mech, r[1000:]) + entry.statistics(mech, r[:0])
     assert whole.n == summed.n == 3000
     np.testing.assert_array_equal(whole.total, summed.total)
     np.testing.assert_array_equal(whole.squares, summed.squares)
@@ -446,3 +446,14 @@ def test_large_grids_fall_back_to_the_conservative_raw_formula(monkeypatch):
     raw = mech.plugin_variances(hist, np.cumsum(hist))[1]
     assert raw[10] == pytest.approx(mech.raw_range_variance(0, 10, 11 / 64))
     assert np.all(exact[:-1] <= raw[:-1] * 1.001)
+
+
+@pytest.mark.parametrize("eps", [0.5, 1.0, 2.0, 4.0])
+def test_auto_ranks_flat_olh_only_for_single_buckets(eps):
+    """Flat OLH's range formula is idealised for sums of ≥ 2 buckets (its hash is not 3-wise independent), so auto
+    never ranks it by that formula: it is a candidate for single-bucket queries only."""
+    for D in (8, 64):
+        for query, length in (("cdf", None), ("quantile", None), ("range", 2), ("range", D // 2)):
+            assert "flat_olh" not in choose_distribution_mechanism(eps, D, query, length).variances
+        for query, length in (("histogram", None), ("range", 1)):
+            assert "flat_olh" in choose_distribution_mechanism(eps, D, query, length).variances
