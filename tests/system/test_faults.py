@@ -20,7 +20,6 @@ Invariants checked at the end:
 from __future__ import annotations
 
 import json
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from edge_agent.embed import categorical, new_identity, numeric, simple_config
 from edge_agent.sources import CallableSource
 from edge_agent.state import State
 from protocols import wire
+from tests.processes import ChildProcess
 from tests.brokers import Mosquitto
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration]
@@ -100,27 +100,7 @@ class Publisher:
         self.client.loop_stop()
 
 
-class _Process:
-    """A child process the test can SIGKILL (a crash) or stop (SIGTERM, then SIGKILL after 30 s)."""
-
-    proc: subprocess.Popen | None = None
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-class CoordinatorProcess(_Process):
+class CoordinatorProcess(ChildProcess):
     """`haarvest coordinator run` as a child process."""
 
     def __init__(self, tmp: Path, port: int) -> None:
@@ -138,7 +118,7 @@ class CoordinatorProcess(_Process):
         assert json.loads(line)["status"] == "ready", line
 
 
-class AgentProcess(_Process):
+class AgentProcess(ChildProcess):
     """`haarvest agent run` with a TOML config and a constant replayed reading."""
 
     def __init__(self, tmp: Path, device_id: str, port: int, coord_pub: str, cpu: float, mode: int) -> None:

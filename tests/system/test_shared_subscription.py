@@ -20,7 +20,6 @@ reports (``check_aggregates``), and the estimate from the aggregates equals the 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ from protocols import wire
 from protocols.contract import parse_round_params
 from simulations.broker import free_port
 from tests.brokers import wait_until
+from tests.processes import ChildProcess
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ PARAMS = {"streams": {
 }}
 
 
-class Worker:
+class Worker(ChildProcess):
     """One `haarvest coordinator run` on the shared subscription, with its HTTP API (for its own ingest counters)."""
 
     def __init__(self, tmp: Path, i: int, dsn: str, port: int) -> None:
@@ -84,20 +84,6 @@ class Worker:
                                      headers={"Authorization": "Bearer shared-subscription-test-token"})
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.load(resp)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def _publish(port: int, messages: list[tuple[str, bytes]]) -> None:
@@ -133,8 +119,9 @@ def test_two_workers_on_a_shared_subscription_over_postgres(mosquitto, postgres_
         time.sleep(1.2)  # a worker re-reads the devices for an unknown one at most once a second (Validator)
         rng = np.random.default_rng(20261126)
         specs = parse_round_params(PARAMS).streams
-        cpu = fleet.reports("fleet", "cpu", "duchi", specs["cpu"].build().privatize(rng.uniform(-1, 1, N), rng))
-        mode = fleet.reports("fleet", "mode", "grr", specs["mode"].build().privatize(rng.integers(0, 3, N), rng))
+        duchi, grr = specs["cpu"].build(), specs["mode"].build()
+        cpu = fleet.reports("fleet", "cpu", "duchi", duchi.privatize(rng.uniform(-1, 1, N), rng), duchi)
+        mode = fleet.reports("fleet", "mode", "grr", grr.privatize(rng.integers(0, 3, N), rng), grr)
 
         def counters() -> dict[str, int]:
             return {k: v for k, v in store.counters().items() if "." not in k}
