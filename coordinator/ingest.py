@@ -174,6 +174,7 @@ class IngestWorker:
         #: the MQTT protocol version in use (4 = 3.1.1, 5), as the receiver reports it
         self.protocol = settings.first_protocol
         self._run: _Run | None = None
+        self._ran = False  # started before: the validator is reloaded from the store on the next start
         #: validation happens in order, one batch at a time, under this lock: by the validate thread while the
         #: previous batch commits, or by the commit thread for a batch that must be validated again
         self._validation_lock = threading.Lock()
@@ -187,6 +188,10 @@ class IngestWorker:
         if self._run is not None:
             raise RuntimeError("the ingest worker is already running")
         new_client(self.settings, self.settings.first_protocol)  # raises on bad TLS settings
+        if self._ran:  # a stop may have abandoned a batch validated ahead: its reservations are void, and its
+            with self._validation_lock:  # redelivered reports must be checked against what the store holds
+                self.validator.reload()
+        self._ran = True
         run = self._run = _Run(_Link(self.settings))
         run.threads = [threading.Thread(target=self._read, args=(run,), name="haarvest-ingest-read", daemon=True),
                        threading.Thread(target=self._validate, args=(run,), name="haarvest-ingest-validate",

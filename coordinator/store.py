@@ -486,6 +486,7 @@ class _SQLStore(Store):
             cur.executemany(self._q(template.format(f"({', '.join('?' * len(rows[0]))})")), rows)
             return cur.rowcount
         row = f"({', '.join('?' * len(rows[0]))})"
+        per = max(1, min(per, self._max_parameters // len(rows[0])))  # within this SQLite's bound-parameter limit
         inserted = 0
         for start in range(0, len(rows), per):
             part = rows[start:start + per]
@@ -619,7 +620,8 @@ SQLITE_CACHE_KIB = 131_072
 #: (≈ 40 MiB of WAL) lets a page updated by many batches be checkpointed once (the "Fleet scale" section of
 #: ``make bench`` drains 10⁶ reports through this store).
 SQLITE_WAL_AUTOCHECKPOINT = 10_000
-#: Rows per INSERT statement (9 parameters a report: 4,500, under SQLite's 32,766 bound parameters).
+#: Rows per INSERT statement at most (9 parameters a report: 4,500), fewer where the SQLite build's bound-parameter
+#: limit is lower (999 before SQLite 3.32).
 SQLITE_ROWS_PER_INSERT = 500
 
 
@@ -643,6 +645,8 @@ class SQLiteStore(_SQLStore):
         conn.execute("PRAGMA busy_timeout=30000")
         conn.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
         conn.execute(f"PRAGMA wal_autocheckpoint={SQLITE_WAL_AUTOCHECKPOINT}")
+        #: this build's bound-parameter limit (999 before SQLite 3.32, 32,766 since)
+        self._max_parameters = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         super().__init__(conn)
 
     def _has_table(self, cur: Any, name: str) -> bool:

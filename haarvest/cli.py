@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = args.func(args)
+        sys.stdout.flush()  # the last buffered output: a reader gone by now is the same broken pipe, caught below
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `haarvest … | head`: the reader left; not an error of ours

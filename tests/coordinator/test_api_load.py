@@ -1,7 +1,10 @@
 """API load does not starve ingest. Four looping API clients (another process, with the token) reading
-the estimates of the round being ingested and the dashboard, while 4,000 queued reports drain from a real mosquitto
-into the coordinator: the drain rate stays above half of the same drain without readers (the API reads through its
-own store connection, not ingest's, and serves cached estimates while reports arrive)."""
+the estimates of the round being ingested and the dashboard, while 10,000 queued reports drain from a real mosquitto
+into the coordinator. What keeps ingest first is asserted structurally — the API reads through its own store
+connection, not ingest's, and serves cached estimates while reports arrive (at most one computation per refresh
+interval) — and every report is stored; the two drain rates (alone, under the readers) are printed as a
+measurement, not asserted: a timing ratio on a shared 2-core machine is noise (0.47–0.79 in three quiet runs).
+``make bench`` measures ingest."""
 
 from __future__ import annotations
 
@@ -100,7 +103,10 @@ def _drain(coord: Coordinator, fleet: SimFleet, round_id: str, port: int, rng: n
 @pytest.mark.parametrize("old_api", [False, pytest.param(True, marks=pytest.mark.skipif(
     not os.environ.get("HAARVEST_NEGATIVE_CONTROLS"), reason="negative control (the API as it was: ingest's store "
     "connection, an estimate recomputed on every request while reports arrive): HAARVEST_NEGATIVE_CONTROLS=1"))])
-def test_api_load_does_not_cut_ingest_below_half(mosquitto, tmp_path, old_api):
+def test_api_load_leaves_ingest_its_connection_and_serves_cached_estimates(mosquitto, tmp_path, old_api,
+                                                                            monkeypatch):
+    import coordinator.estimate as estimate_module
+
     rng = np.random.default_rng(15)
     fleet = SimFleet(N_DEVICES)
     coord = Coordinator(CoordinatorConfig(db=str(tmp_path / "c.db"), mqtt_port=mosquitto.port, http_port=0,
@@ -111,7 +117,16 @@ def test_api_load_does_not_cut_ingest_below_half(mosquitto, tmp_path, old_api):
     if old_api:  # the negative control must fail this test
         coord.api.store, coord.api.min_refresh_s = coord.store, 0.0
         coord.api.rounds.store = coord.store
+    computed: list[str] = []
+    real_estimate_round = estimate_module.estimate_round
+
+    def counting_estimate_round(store, round_id, *args, **kwargs):
+        computed.append(round_id)
+        return real_estimate_round(store, round_id, *args, **kwargs)
+
+    monkeypatch.setattr(estimate_module, "estimate_round", counting_estimate_round)
     try:
+        assert coord.api.store is not coord.store  # the API never reads through ingest's connection
         for rid in ("quiet", "loaded"):
             coord.open_round(rid, 1.0, PARAMS)
             _background(coord, rid, rng)
@@ -120,10 +135,16 @@ def test_api_load_does_not_cut_ingest_below_half(mosquitto, tmp_path, old_api):
         coord.api.estimates("quiet")
         one_estimate = (time.perf_counter() - t0) / 2
         quiet = _drain(coord, fleet, "quiet", mosquitto.port, rng, readers=False)
+        before, t_loaded = computed.count("loaded"), time.monotonic()
         loaded = _drain(coord, fleet, "loaded", mosquitto.port, rng, readers=True)
+        elapsed = time.monotonic() - t_loaded
+        during = computed.count("loaded") - before
         print(f"ingest drain: {quiet:.0f} reports/s alone, {loaded:.0f} under 4 API readers "
-              f"(one estimate of {BACKGROUND} + reports: {one_estimate * 1000:.0f} ms)")
-        assert loaded >= 0.5 * quiet, (quiet, loaded)
+              f"(one estimate of {BACKGROUND} + reports: {one_estimate * 1000:.0f} ms; "
+              f"{during} estimate computations in {elapsed:.1f} s of readers)")
+        # while reports arrive, the readers' requests are served from the cache: at most one computation per
+        # refresh interval (plus the first), not one per request
+        assert during <= 2 + elapsed / max(coord.api.min_refresh_s, 1e-9), (during, elapsed)
         assert wait_until(lambda: sum(coord.store.reports_by_device().values()) == 2 * (BACKGROUND + N_DEVICES * N_STREAMS), 10)
     finally:
         coord.close()

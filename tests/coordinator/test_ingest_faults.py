@@ -162,3 +162,33 @@ def test_auto_protocol_keeps_mqtt5_after_a_connection_dropped_before_connack(tmp
     finally:
         worker.stop()
         broker.stop()
+
+
+def test_a_restart_voids_the_reservations_of_a_batch_validated_ahead_and_abandoned(tmp_path):
+    """The validate thread reserves batch k+1 while batch k commits; a stop that abandons k+1 leaves its
+    reservations in the worker's validator. The next start reloads the validator from the store, so the broker's
+    redelivery of k+1 is accepted and stored — not taken for a duplicate (receipted as stored, never stored)."""
+    import types
+
+    from coordinator.rounds import RoundManager
+    from coordinator.simfleet import SimFleet
+    from protocols import catalogue, wire
+
+    worker = _worker(tmp_path, port=free_port())
+    fleet = SimFleet(3)
+    for rec in fleet.enrollment():
+        worker.store.upsert_device(rec["device_id"], rec["public_key"])
+    params = {"streams": {"a": {"kind": "numeric", "mechanism": "duchi", "params": {"epsilon": 0.5}, "dims": ["a"],
+                                "bounds": [[0, 1]]}}}
+    RoundManager(worker.store, wire.generate_signing_key()).open_round("r1", 1.5, params)
+    worker.validator.reload()
+    duchi = catalogue.build("duchi", epsilon=0.5)
+    batch = fleet.reports("r1", "a", "duchi", [duchi.bound] * 3, duchi)
+    with pytest.raises(TimeoutError):  # a first run (no broker here: it stops at once)
+        worker.start(wait=1)
+    ahead = worker._check(types.SimpleNamespace(epoch=0), batch)  # validated ahead in that run, then abandoned
+    assert len(ahead.accepted) == 3
+    with pytest.raises(TimeoutError):  # the next run starts from the store's state
+        worker.start(wait=1)
+    again = worker._check(types.SimpleNamespace(epoch=0), batch)
+    assert len(again.accepted) == 3 and again.duplicates == 0
