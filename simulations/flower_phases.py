@@ -15,19 +15,18 @@ nested in it (the ledger transaction calls the privatizer and the signer; those 
 The rest of a host's busy CPU (round check, reply assembly, Ray's threads in that process) is what the caller
 reports as the remainder. The timers cost ~1 µs per wrapped call (a few per device round).
 
-:func:`tree_cpu` sums the CPU seconds of a process and all its descendants from ``/proc`` (Ray's raylet, GCS, the
+:func:`simulations.proc_stats.tree_cpu` sums the CPU seconds of a process and all its descendants from ``/proc`` (Ray's raylet, GCS, the
 Flower actors and the shard hosts are descendants of the driver): the whole simulation's CPU in a round.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PHASES", "PhaseClock", "tree_cpu"]
+__all__ = ["PHASES", "PhaseClock"]
 
 #: the phases in report order
 PHASES = ("open/close", "reading+plan", "privatize", "sign", "ledger transaction", "ledger mark")
@@ -99,39 +98,3 @@ class PhaseClock:
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.seconds)
-
-
-def _children() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        out.setdefault(ppid, []).append(int(name))
-    return out
-
-
-def tree_cpu(pid: int | None = None) -> float:
-    """CPU seconds (user + system) of process ``pid`` (default this one) and all its living descendants; 0.0 where
-    ``/proc`` is not available."""
-    if not os.path.isdir("/proc"):
-        return 0.0
-    pid = os.getpid() if pid is None else pid
-    children = _children()
-    tick = os.sysconf("SC_CLK_TCK")
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(children.get(p, ()))
-        try:
-            with open(f"/proc/{p}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / tick

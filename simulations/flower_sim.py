@@ -528,7 +528,7 @@ def run_flower_simulation(
     :func:`default_max_open`, all of them while they fit half the available memory; the descriptor limit is
     raised where permitted); the others are closed after each round and reattached for the next. ``phases``: the
     hosts time the device-side phases (:class:`simulations.flower_phases.PhaseClock`; ``extra["hosts"]``); the CPU
-    of every process of the simulation in each round is ``extra["tree_cpu"]`` (:func:`tree_cpu`).
+    of every process of the simulation in each round is ``extra["tree_cpu"]`` (:func:`simulations.proc_stats.tree_cpu`).
     """
     if devices < 1 or rounds < 1:
         raise ValueError("need devices >= 1 and rounds >= 1")
@@ -553,7 +553,7 @@ def run_flower_simulation(
     from coordinator.store import open_store
     from edge_agent.flower_app import make_client_app
     from protocols import wire
-    from simulations.flower_phases import tree_cpu
+    from simulations.proc_stats import tree_cpu
 
     t_start = time.perf_counter()
     root = Path(workdir) if workdir is not None else _default_workdir()

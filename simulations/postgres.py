@@ -22,6 +22,7 @@ from pathlib import Path
 
 from protocols.errors import MissingPostgres
 from simulations.broker import free_port
+from simulations.proc_stats import tree_cpu
 
 __all__ = ["ThrowawayPostgres", "pg_bin"]
 
@@ -85,20 +86,7 @@ class ThrowawayPostgres:
         WAL writer, …) and the children it has reaped (backends of closed connections)."""
         assert self.workdir is not None
         pid = int((self.workdir / "data" / "postmaster.pid").read_text().split()[0])
-        tick = os.sysconf("SC_CLK_TCK")
-
-        def stat(p: int) -> list[str]:
-            return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-
-        own = stat(pid)
-        total = sum(int(own[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            try:
-                fields = stat(int(child))
-            except FileNotFoundError:  # exited meanwhile: counted in cutime once reaped
-                continue
-            total += int(fields[11]) + int(fields[12])
-        return total / tick
+        return tree_cpu(pid, reaped=True)
 
     def stop(self) -> None:
         if self.workdir is None:

@@ -64,7 +64,8 @@ from coordinator.simfleet import SimDevice
 from coordinator.store import SQLITE_CACHE_KIB, SQLiteStore, StoredReport
 from protocols import wire
 from protocols.contract import StreamSpec, make_body, normalise
-from simulations.bench.ingest import (_start_broker, _cpu_seconds, _mosquitto_pub_lines, _start_worker,
+from simulations.proc_stats import children, peak_rss, process_cpu, tree_cpu
+from simulations.bench.ingest import (_start_broker, _mosquitto_pub_lines, _start_worker,
                                       _worker_command)
 
 ROUND = "fleet"
@@ -200,18 +201,6 @@ def _queue_reports(port: int, topics_file: Path, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def _peak_rss(pid: int) -> int:
-    """VmHWM of a live process, bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    return [int(c) for c in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
-
-
 def _accepted(conn: sqlite3.Connection) -> int:
     row = conn.execute("SELECT value FROM counters WHERE name = 'accepted'").fetchone()
     return int(row[0]) if row else 0
@@ -255,11 +244,11 @@ class _Supervisor:
             return
         try:
             pid = self.proc.pid
-            kids = _children(pid)
-            self.rss_main = max(self.rss_main, _peak_rss(pid))
-            self.rss_receiver = max(self.rss_receiver, sum(_peak_rss(c) for c in kids))
+            kids = children(pid)
+            self.rss_main = max(self.rss_main, peak_rss(pid))
+            self.rss_receiver = max(self.rss_receiver, sum(peak_rss(c) for c in kids))
             for p in [pid, *kids]:
-                self.cpu[p] = _cpu_seconds_one(p)
+                self.cpu[p] = process_cpu(p)
         except (OSError, ValueError, IndexError):  # exited while sampled
             pass
 
@@ -282,11 +271,6 @@ class _Supervisor:
                 if text not in seen:
                     seen.append(text)
         return seen
-
-
-def _cpu_seconds_one(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _commit_rates(conn: sqlite3.Connection, gap: float) -> tuple[float, float, int]:
@@ -316,7 +300,7 @@ def drain(port: int, work: Path, db: Path, topics_file: Path, n: int, protocol: 
     t0 = time.perf_counter()
     coord = _start_worker(port, db, work, "fleet", protocol, share=False)
     startup_s = time.perf_counter() - t0
-    startup_cpu = _cpu_seconds(coord.pid)
+    startup_cpu = tree_cpu(coord.pid)
     coord.send_signal(signal.SIGTERM)
     coord.wait(60)
     load_q0 = _load()
@@ -495,7 +479,7 @@ def measure(n: int, protocol: str = "5", reps: int = 20, old_reps: int = 5) -> d
         res["drain"] = drain(broker.port, work, db, topics_file, n, protocol)
         print(f"[fleet_scale] drained at {res['drain']['rate']:,.0f}/s, {len(res['drain']['exits'])} exits "
               f"(load {_load()})", file=sys.stderr, flush=True)
-        res["broker_rss"] = _peak_rss(broker.proc.pid)
+        res["broker_rss"] = peak_rss(broker.proc.pid)
         res["db_bytes"] = sum(f.stat().st_size for f in work.glob("fleet.db*"))
         res["latency"] = []
         for k in sizes_for(n):

@@ -142,7 +142,7 @@ def _breakdown(results: dict[tuple[int, str], Any], cores: int) -> list[str]:
     """Where each round's CPU went, in µs per device-round: the device-side phases on the shard hosts
     (:class:`simulations.flower_phases.PhaseClock`), the rest of the hosts' busy time, the coordinator's ingest
     (verification and store commits) and everything else — the CPU of every process of the simulation in the round
-    (:func:`simulations.flower_phases.tree_cpu`: Ray, Flower's actors forwarding the messages, the driver's Grid
+    (:func:`simulations.proc_stats.tree_cpu`: Ray, Flower's actors forwarding the messages, the driver's Grid
     polling, the estimates) less the former."""
     from simulations.flower_phases import PHASES
 

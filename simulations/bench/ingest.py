@@ -46,6 +46,7 @@ from coordinator.store import open_store
 from protocols import wire
 from protocols.mqtt import new_client
 from simulations.broker import Broker, MosquittoOptions, start_broker
+from simulations.proc_stats import tree_cpu
 from protocols.errors import MissingPostgres
 from simulations.postgres import ThrowawayPostgres
 
@@ -185,16 +186,6 @@ def _start_worker(port: int, db: Path | str, work: Path, name: str, protocol: st
     return _start_workers(port, db, work, [name], protocol, share)[0][0]
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and its live children (the coordinator's MQTT receiver)."""
-    def one(p: int) -> float:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return one(pid) + sum(one(int(c)) for c in children)
-
-
 def _prepare(db: Path | str, fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
     """Enrol ``fleet`` in the store at ``db`` (a SQLite path or a PostgreSQL DSN), open ``round_id``; the fleet's
     signed reports for it."""
@@ -285,11 +276,11 @@ def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, wo
     names = [f"{label}-{i}" for i in range(workers)]
     procs, spawned, ready = _start_workers(port, db, work, names, protocol, workers > 1)
     startup_s = ready - spawned  # imports, store, connect, subscribe: wall time to start with an empty queue
-    startup = max(_cpu_seconds(p.pid) for p in procs)  # imports, store, connect: what a start costs without work
+    startup = max(tree_cpu(p.pid) for p in procs)  # imports, store, connect: what a start costs without work
     for p in procs:
         p.send_signal(signal.SIGTERM)
         p.wait(30)
-    broker_cpu = (lambda: _cpu_seconds(broker.proc.pid)) if broker is not None else (lambda: 0.0)
+    broker_cpu = (lambda: tree_cpu(broker.proc.pid)) if broker is not None else (lambda: 0.0)
     db_cpu = pg.cpu_seconds if pg is not None else (lambda: 0.0)
     b0 = broker_cpu()
     pub = _paho_publisher(port)
@@ -303,7 +294,7 @@ def _drain(port: int, work: Path, fleet: SimFleet, protocol: str, label: str, wo
     try:
         rate = _stored_rate(db, label, len(reports))
         subscribed = _stored_rate(db, label, len(reports), since=spawned + startup_s)
-        cpu = sum(_cpu_seconds(p.pid) - startup for p in procs)
+        cpu = sum(tree_cpu(p.pid) - startup for p in procs)
         b2, d2, load1 = broker_cpu(), db_cpu(), os.getloadavg()[0]
         conn = _Reader(db)
         counters = dict(conn.all("SELECT name, value FROM counters"))

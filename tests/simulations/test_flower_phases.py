@@ -6,7 +6,8 @@ import itertools
 
 from edge_agent.agent import Agent
 from edge_agent.state import State
-from simulations.flower_phases import PHASES, PhaseClock, tree_cpu
+from simulations.flower_phases import PHASES, PhaseClock
+from simulations.proc_stats import tree_cpu
 
 
 def test_nested_phases_are_charged_exclusively():
