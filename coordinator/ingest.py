@@ -21,6 +21,7 @@ nobody, so the broker redelivers them and they count as ``duplicate``.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import os
@@ -192,6 +193,10 @@ class IngestWorker:
             with self._validation_lock:  # redelivered reports must be checked against what the store holds
                 self.validator.reload()
         self._ran = True
+        # what is alive now — the device registry above all — lives as long as the worker: out of the cyclic
+        # collector's generations, so that its full collections, triggered as the validator's state grows, do not
+        # walk every device's key again (at 10⁶ devices that cost 4–8 µs of the GIL per report)
+        gc.freeze()
         run = self._run = _Run(_Link(self.settings))
         run.threads = [threading.Thread(target=self._read, args=(run,), name="haarvest-ingest-read", daemon=True),
                        threading.Thread(target=self._validate, args=(run,), name="haarvest-ingest-validate",

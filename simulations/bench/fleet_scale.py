@@ -226,6 +226,7 @@ class _Supervisor:
         self.restart_at: float | None = None
         self.rss_main = self.rss_receiver = 0
         self.cpu: dict[int, float] = {}  # pid → CPU seconds last seen (a process that exits keeps its last sample)
+        self.mains: set[int] = set()  # the coordinator processes' pids (the others are their MQTT receivers)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), cwd=self.root,
@@ -244,6 +245,7 @@ class _Supervisor:
             return
         try:
             pid = self.proc.pid
+            self.mains.add(pid)
             kids = children(pid)
             self.rss_main = max(self.rss_main, peak_rss(pid))
             self.rss_receiver = max(self.rss_receiver, sum(peak_rss(c) for c in kids))
@@ -255,6 +257,11 @@ class _Supervisor:
     @property
     def cpu_seconds(self) -> float:
         return sum(self.cpu.values())
+
+    @property
+    def cpu_main_seconds(self) -> float:
+        """CPU seconds of the coordinator processes alone (validate + commit; their receivers left out)."""
+        return sum(c for p, c in self.cpu.items() if p in self.mains)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -294,7 +301,8 @@ def _commit_rates(conn: sqlite3.Connection, gap: float) -> tuple[float, float, i
     return overall, counted / max(span, 1e-9), gaps
 
 
-def drain(port: int, work: Path, db: Path, topics_file: Path, n: int, protocol: str) -> dict[str, Any]:
+def drain(port: int, work: Path, db: Path, topics_file: Path, n: int, protocol: str,
+          broker_pid: int | None = None) -> dict[str, Any]:
     """Register the coordinator's session, stop it, queue the fleet's reports, start it (restarted as the shipped
     systemd unit would whenever it exits) and let it drain them."""
     t0 = time.perf_counter()
@@ -310,6 +318,7 @@ def drain(port: int, work: Path, db: Path, topics_file: Path, n: int, protocol: 
     sup = _Supervisor(_worker_command(port, db, work, "fleet", protocol, share=False), work / "fleet.log",
                       _restart_delay())
     load_d0 = _load()
+    broker_cpu0 = process_cpu(broker_pid) if broker_pid else 0.0
     sup.start()
     conn = sqlite3.connect(db, timeout=30)
     try:
@@ -325,6 +334,7 @@ def drain(port: int, work: Path, db: Path, topics_file: Path, n: int, protocol: 
             sup.poll()
             time.sleep(0.5)
         load_d1 = _load()
+        broker_cpu = process_cpu(broker_pid) - broker_cpu0 if broker_pid else 0.0
         sup.poll()
         overall, within, gaps = _commit_rates(conn, gap=2.0)
         (count,) = conn.execute("SELECT COUNT(*) FROM reports WHERE round_id = ?", (ROUND,)).fetchone()
@@ -339,6 +349,7 @@ def drain(port: int, work: Path, db: Path, topics_file: Path, n: int, protocol: 
             "restart_s": sup.delay, "duplicates": counters.get("duplicate", 0), "queue_rate": queue_rate,
             "startup_s": startup_s, "startup_cpu": startup_cpu,
             "cpu_us": 1e6 * (sup.cpu_seconds - runs * startup_cpu) / n,
+            "cpu_main_us": 1e6 * (sup.cpu_main_seconds - runs * startup_cpu) / n, "broker_cpu_us": 1e6 * broker_cpu / n,
             "rss_main": sup.rss_main, "rss_receiver": sup.rss_receiver,
             "load": {"queue": (load_q0, load_q1), "drain": (load_d0, load_d1)}}
 
@@ -476,7 +487,7 @@ def measure(n: int, protocol: str = "5", reps: int = 20, old_reps: int = 5) -> d
         res["raw"] = _mosquitto_pub_lines(broker.port, lines_file, n, timeout=max(300.0, n / 1000))
         res["raw_load"] = (load0, _load())
         print(f"[fleet_scale] mosquitto_pub: {res['raw']:,.0f}/s (load {_load()})", file=sys.stderr, flush=True)
-        res["drain"] = drain(broker.port, work, db, topics_file, n, protocol)
+        res["drain"] = drain(broker.port, work, db, topics_file, n, protocol, broker.proc.pid)
         print(f"[fleet_scale] drained at {res['drain']['rate']:,.0f}/s, {len(res['drain']['exits'])} exits "
               f"(load {_load()})", file=sys.stderr, flush=True)
         res["broker_rss"] = peak_rss(broker.proc.pid)
@@ -574,7 +585,9 @@ def render(res: dict[str, Any]) -> str:
         f"load {res['raw_load'][0]} → {res['raw_load'][1]} |",
         f"| coordinator drain of {n:,} queued reports, first to last commit | {d['rate']:,.0f} | {100 * ratio:.0f} % | "
         + (f"{len(d['exits'])} exits and restarts included; " if d["exits"] else "")
-        + f"{d['cpu_us']:.0f} µs CPU per report (both processes, start-ups left out); load "
+        + f"{d['cpu_us']:.0f} µs CPU per report (both processes, start-ups left out: main "
+        f"{d['cpu_main_us']:.0f}, MQTT receiver {d['cpu_us'] - d['cpu_main_us']:.0f}; mosquitto "
+        f"{d['broker_cpu_us']:.0f} more); load "
         f"{d['load']['drain'][0]} → {d['load']['drain'][1]} |",
     ]
     if d["gaps"]:
