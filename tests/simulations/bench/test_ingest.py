@@ -54,8 +54,9 @@ def test_postgres_section_computes_its_conclusions_and_sizing_from_the_measureme
 
 
 def test_fleet_scale_bench_quick_runs():
-    """The fleet-scale section at 2,000 devices: the drain stores every report, the tables render, the estimates
-    from the aggregates equal those from the stored bodies and lie near the devices' true values."""
+    """The fleet-scale section at 2,000 devices: both coordinators (MQTT 5 and 3.1.1) drain every report of one
+    publication pass, the tables render, the estimates from the aggregates equal those from the stored bodies and
+    lie near the devices' true values."""
     import numpy as np
 
     from simulations.bench import fleet_scale
@@ -63,13 +64,17 @@ def test_fleet_scale_bench_quick_runs():
     res = fleet_scale.measure(2000, reps=2, old_reps=1)
     out = fleet_scale.render(res)
     assert out.startswith("## Fleet scale: one round, one coordinator\n")
-    for row in ("| raw: mosquitto_pub -l", "| coordinator drain of 2,000 queued reports", "| coordinator, main process",
+    for row in ("| raw: mosquitto_pub -l", "| coordinator over MQTT 5: drain of 2,000 queued reports",
+                "| coordinator over MQTT 3.1.1: drain of 2,000 queued reports", "| coordinator, main process",
                 "| mosquitto, peak RSS", "| SQLite file", "| 200 |", "| 2,000 |", "Conclusions (computed",
-                "- Drain:", "- Estimates from the aggregates:", "- Accuracy:"):
+                "- Drain over MQTT 5:", "- Drain over MQTT 3.1.1:", "- Estimates from the aggregates:",
+                "- Accuracy:"):
         assert row in out, row
     assert [r["n"] for r in res["latency"]] == [200, 2000]
     assert all(r["agree"] < 1e-9 for r in res["latency"])  # aggregates and re-read bodies: the same estimates
-    assert res["drain"]["rss_main"] > 0 and res["broker_rss"] > 0 and res["db_bytes"] > 0
+    assert [d["protocol"] for d in res["drains"]] == ["5", "3.1.1"]
+    assert all(d["rss_main"] > 0 and d["cpu_main_us"] > 0 for d in res["drains"])
+    assert res["broker_rss"] > 0 and res["db_bytes"] > 0
     estimates = res["latency"][-1]["estimates"]
     for name, st in res["streams"].items():
         e = estimates[name]
