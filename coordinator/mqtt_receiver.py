@@ -10,7 +10,8 @@ only moves bytes and acknowledgements, and it imports nothing but paho.
 paho-mqtt ≥ 2.1 (``CallbackAPIVersion.VERSION2``), QoS 1, a persistent session (the broker queues reports while the
 coordinator is down) and ``manual_ack=True``. A batch closes when it is full (``batch_size``) or when its first
 message is ``batch_ms`` old as the next one arrives (then in paho's network thread), or at twice ``batch_ms`` when
-no further message comes (a flusher thread). At most :data:`MAX_BATCHES_IN_FLIGHT` batches wait for the
+no further message comes (a flusher thread) — by its age only while the coordinator has room for it: while
+:data:`MAX_BATCHES_IN_FLIGHT` batches await their commit, it grows up to ``batch_size`` (group commit). At most :data:`MAX_BATCHES_IN_FLIGHT` batches wait for the
 coordinator's commit; the next closed batches wait in the receiver, and the broker's in-flight window (MQTT 5's
 Receive Maximum, ``receive_maximum``) bounds them: paho's network thread keeps reading, so the broker's
 acknowledgements of round publications and receipts are never stuck behind a drain. Receipts are queued and handed to
@@ -312,7 +313,8 @@ class Receiver:
             if not self._pending:
                 self._pending_since = now
             self._pending.append((topic, msg.payload, msg.mid, msg.qos, self._generation))
-            if len(self._pending) >= self.settings.batch_size or now - self._pending_since >= self._batch_s:
+            if len(self._pending) >= self.settings.batch_size or (now - self._pending_since >= self._batch_s
+                                                                   and self._has_room()):
                 self._hand_over_locked()
 
     # ------------------------------------------------------------------ batches
@@ -322,10 +324,20 @@ class Receiver:
         while True:
             stopping = self._stopping.wait(self._batch_s / 2)
             with self._batch_lock:
-                if self._pending and (stopping or time.monotonic() - self._pending_since >= 2 * self._batch_s):
+                if self._pending and (stopping or (time.monotonic() - self._pending_since >= 2 * self._batch_s
+                                                   and self._has_room())):
                     self._hand_over_locked()
             if stopping:
                 return
+
+    def _has_room(self) -> bool:
+        """Whether the coordinator would take a batch now (fewer than :data:`MAX_BATCHES_IN_FLIGHT` uncommitted and
+        none waiting here). While it has none, the pending batch is not closed by its age: it keeps growing up to
+        ``batch_size`` (group commit — a drain's commits are full batches, whose cost per report is far lower: a
+        commit writes every index page its reports touched, and random device ids touch about one page per
+        report)."""
+        with self._room:
+            return len(self._in_flight) < MAX_BATCHES_IN_FLIGHT and not self._ready
 
     def _hand_over_locked(self) -> None:
         """Close the pending batch: it is sent to the coordinator at once if fewer than

@@ -18,11 +18,11 @@ QoS 1):
 * **coordinator, drain** — ``haarvest coordinator run`` in its own process, as deployed, the ingest section's batch
   settings, once over MQTT 5 (the default) and once over MQTT 3.1.1 (the throughput setting: paho parses its
   acknowledgements without MQTT 5's properties), each with a store and a persistent session of its own
-  (``HAARVEST_BENCH_FLEET_MQTT=5`` or ``=3.1.1`` for one of them only). Each registers its session and stops; a
-  paho publisher process puts the N reports on their per-device topics once (the broker queues them for every
-  session: its queue limit is raised to N here — the shipped broker configuration keeps fewer —, and its in-flight
-  window per client is the receiver's Receive Maximum for both protocols); then each coordinator in turn starts
-  again and drains its queue — validate (decode, topic binding, registry, signature, round, support, replay) +
+  (``HAARVEST_BENCH_FLEET_MQTT=5`` or ``=3.1.1`` for one of them only). In turn, each registers its session and
+  stops; a paho publisher process puts the N reports on their per-device topics (the broker queues them for that
+  session alone — mosquitto's CPU per delivered message grows with the messages it holds —: its queue limit is
+  raised to N here — the shipped broker configuration keeps fewer —, and its in-flight window per client is the
+  receiver's Receive Maximum for both protocols); then the coordinator starts again and drains its queue — validate (decode, topic binding, registry, signature, round, support, replay) +
   durable SQLite commit with the stream aggregates + PUBACK after the commit + a receipt per device. Should it
   exit, it is restarted as the shipped systemd unit would (``Restart=always``, after its ``RestartSec``), and the
   exits and what the coordinator said are reported. The rate is taken over the stored commit timestamps (the
@@ -66,7 +66,7 @@ import numpy as np
 
 from coordinator.rounds import RoundManager
 from coordinator.simfleet import SimDevice
-from coordinator.store import SQLITE_CACHE_KIB, SQLITE_PAGE_SIZE, SQLiteStore, StoredReport
+from coordinator.store import SQLITE_CACHE_KIB, SQLiteStore, StoredReport
 from protocols import wire
 from protocols.contract import StreamSpec, make_body, normalise
 from simulations.proc_stats import children, peak_rss, process_cpu, tree_cpu
@@ -288,9 +288,10 @@ class _Supervisor:
         return seen
 
 
-def _commit_rates(conn: sqlite3.Connection, gap: float) -> tuple[float, float, int]:
+def _commit_rates(conn: sqlite3.Connection, gap: float) -> tuple[float, float, int, int]:
     """From the stored commit timestamps: (reports/s from the first to the last commit, reports/s within the
-    coordinator's runs — the time between runs, a gap longer than ``gap`` s, left out —, number of such gaps).
+    coordinator's runs — the time between runs, a gap longer than ``gap`` s, left out —, number of such gaps,
+    number of batches).
     Each report's ``received_at`` is its batch's validation time, so a run's first batch arrived before its first
     timestamp: it is left out of the count."""
     batches = conn.execute("SELECT received_at, COUNT(*) FROM reports WHERE round_id = ? GROUP BY received_at "
@@ -306,7 +307,7 @@ def _commit_rates(conn: sqlite3.Connection, gap: float) -> tuple[float, float, i
             span += batches[i - 1][0] - batches[seg_start][0]
             gaps += i < len(batches)
             seg_start = i
-    return overall, counted / max(span, 1e-9), gaps
+    return overall, counted / max(span, 1e-9), gaps, len(batches)
 
 
 def register(port: int, work: Path, db: Path, name: str, protocol: str) -> tuple[float, float]:
@@ -347,7 +348,7 @@ def drain(port: int, work: Path, db: Path, n: int, name: str, protocol: str, sta
         load_d1 = _load()
         broker_cpu = process_cpu(broker_pid) - broker_cpu0 if broker_pid else 0.0
         sup.poll()
-        overall, within, gaps = _commit_rates(conn, gap=2.0)
+        overall, within, gaps, batches = _commit_rates(conn, gap=2.0)
         (count,) = conn.execute("SELECT COUNT(*) FROM reports WHERE round_id = ?", (ROUND,)).fetchone()
         counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
     finally:
@@ -356,7 +357,7 @@ def drain(port: int, work: Path, db: Path, n: int, name: str, protocol: str, sta
     if count != n or set(counters) - {"accepted", "duplicate"}:
         raise RuntimeError(f"the drain stored {count} of {n} reports; counters {counters}")
     runs = len(sup.exits) + 1
-    return {"rate": overall, "rate_within": within, "gaps": gaps, "exits": sup.exits, "errors": sup.errors(),
+    return {"rate": overall, "rate_within": within, "gaps": gaps, "batches": batches, "exits": sup.exits, "errors": sup.errors(),
             "restart_s": sup.delay, "duplicates": counters.get("duplicate", 0), "protocol": protocol,
             "startup_s": startup_s, "startup_cpu": startup_cpu,
             "cpu_us": 1e6 * (sup.cpu_seconds - runs * startup_cpu) / n,
@@ -505,21 +506,22 @@ def measure(n: int, protocols: tuple[str, ...] = PROTOCOLS, reps: int = 20, old_
         res["raw"] = _mosquitto_pub_lines(broker.port, lines_file, n, timeout=max(300.0, n / 1000))
         res["raw_load"] = (load0, _load())
         print(f"[fleet_scale] mosquitto_pub: {res['raw']:,.0f}/s (load {_load()})", file=sys.stderr, flush=True)
-        # one store and one persistent session per protocol, all queued by one publication pass, drained in turn
-        dbs, startups = {}, {}
-        for proto in protocols:
-            dbs[proto] = work / f"fleet-{_slug(proto)}.db"
-            for f in work.glob("fleet.db*"):
-                shutil.copy(f, work / f.name.replace("fleet.db", dbs[proto].name))
-            startups[proto] = register(broker.port, work, dbs[proto], f"fleet-{_slug(proto)}", proto)
-        load0 = _load()
-        res["queue_rate"] = _queue_reports(broker.port, topics_file, n)
-        res["queue_load"] = (load0, _load())
-        time.sleep(0.5)
+        # per protocol, in turn: a store and a persistent session of its own, the round queued for it alone (mosquitto's
+        # CPU per delivered message grows with the messages it holds), then the drain
+        dbs: dict[str, Path] = {}
         res["drains"] = []
         for proto in protocols:
-            d = drain(broker.port, work, dbs[proto], n, f"fleet-{_slug(proto)}", proto, startups[proto],
-                      broker.proc.pid)
+            name = f"fleet-{_slug(proto)}"
+            dbs[proto] = work / f"{name}.db"
+            for f in work.glob("fleet.db*"):
+                shutil.copy(f, work / f.name.replace("fleet.db", dbs[proto].name))
+            startup = register(broker.port, work, dbs[proto], name, proto)
+            load0 = _load()
+            queue_rate = _queue_reports(broker.port, topics_file, n)
+            queue_load = (load0, _load())
+            time.sleep(0.5)
+            d = drain(broker.port, work, dbs[proto], n, name, proto, startup, broker.proc.pid)
+            d["queue_rate"], d["queue_load"] = queue_rate, queue_load
             res["drains"].append(d)
             print(f"[fleet_scale] MQTT {proto}: drained at {d['rate']:,.0f}/s, {len(d['exits'])} exits "
                   f"(load {_load()})", file=sys.stderr, flush=True)
@@ -596,7 +598,8 @@ def _drain_rows(d: dict[str, Any], n: int, raw: float) -> list[str]:
     rows = [f"| coordinator over MQTT {d['protocol']}: drain of {n:,} queued reports, first to last commit | "
             f"{d['rate']:,.0f} | {100 * d['rate'] / raw:.0f} % | "
             + (f"{len(d['exits'])} exits and restarts included; " if d["exits"] else "")
-            + f"{d['cpu_us']:.0f} µs CPU per report (start-ups left out): coordinator {d['cpu_main_us']:.0f}, its "
+            + f"{d['batches']:,} batches (mean {n / d['batches']:,.0f} reports); "
+            f"{d['cpu_us']:.0f} µs CPU per report (start-ups left out): coordinator {d['cpu_main_us']:.0f}, its "
             f"MQTT receiver {d['cpu_us'] - d['cpu_main_us']:.0f}, and mosquitto {d['broker_cpu_us']:.0f} more; load "
             f"{d['load'][0]} → {d['load'][1]} |"]
     if d["gaps"]:
@@ -640,11 +643,11 @@ def render(res: dict[str, Any]) -> str:
         f"{IngestSettings().receive_maximum:,} messages per client: the receiver's MQTT 5 Receive Maximum, and the "
         "broker's `max_inflight_messages` for MQTT 3.1.1), QoS 1. The coordinator is `haarvest coordinator run` "
         f"(batch ≤ 2000 / 20 ms, each batch validated while the previous one commits; SQLite WAL synchronous=FULL, "
-        f"{SQLITE_PAGE_SIZE // 1024} KiB pages, a {SQLITE_CACHE_KIB // 1024} MiB page cache, the stream aggregates in "
+        f"a {SQLITE_CACHE_KIB // 1024} MiB page cache, the stream aggregates in "
         f"the same transaction), over {protocols} (its default, and the throughput setting whose "
         "acknowledgements paho parses without MQTT 5's properties), each into a store of its own, draining in "
-        "turn the queue the broker kept for its persistent session while it was stopped (one publication pass "
-        f"queued the round for every session). Load average (1 min) {res['load_start']} at the start, "
+        "turn the queue the broker kept for its persistent session while it was stopped (the round queued for "
+        f"each coordinator alone, just before its drain). Load average (1 min) {res['load_start']} at the start, "
         f"{res['load_end']} at the end; 2 cores.",
         "",
         "| path | reports/s | vs mosquitto_pub | note |",
@@ -652,9 +655,9 @@ def render(res: dict[str, Any]) -> str:
         f"| raw: mosquitto_pub -l → mosquitto_sub (QoS 1), same payloads | {raw:,.0f} | 100 % | "
         f"load {res['raw_load'][0]} → {res['raw_load'][1]} |",
         *[row for x in drains for row in _drain_rows(x, n, raw)],
-        f"| (queueing them: paho publisher process → broker, coordinators stopped) | {res['queue_rate']:,.0f} | "
-        f"{100 * res['queue_rate'] / raw:.0f} % | not a target; load {res['queue_load'][0]} → "
-        f"{res['queue_load'][1]} |",
+        *[f"| (queueing them for the MQTT {x['protocol']} coordinator: paho publisher process → broker, "
+          f"coordinator stopped) | {x['queue_rate']:,.0f} | {100 * x['queue_rate'] / raw:.0f} % | not a target; load "
+          f"{x['queue_load'][0]} → {x['queue_load'][1]} |" for x in drains],
         "",
         f"| memory (MQTT {d['protocol']}) | size | per device |",
         "|---|---:|---:|",
@@ -662,7 +665,7 @@ def render(res: dict[str, Any]) -> str:
         f"{d['rss_main'] / n:,.0f} B |",
         f"| coordinator, MQTT receiver process, peak RSS | {_mib(d['rss_receiver'])} | "
         f"{d['rss_receiver'] / n:,.0f} B |",
-        f"| mosquitto, peak RSS ({len(drains)} × {n:,} reports queued at once) | {_mib(res['broker_rss'])} | "
+        f"| mosquitto, peak RSS ({n:,} reports queued at once) | {_mib(res['broker_rss'])} | "
         f"{res['broker_rss'] / n:,.0f} B |",
         f"| SQLite file after the stop (devices, round, reports, aggregates) | {_mib(res['db_bytes'])} | "
         f"{res['db_bytes'] / n:,.0f} B |",
