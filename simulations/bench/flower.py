@@ -1,8 +1,8 @@
 """Bench section: rounds of a Flower simulation of a large fleet (simulations/flower_sim.py).
 
 Every simulated device is a full haarvest agent (pipeline, SQLite ledger/memo/outbox with ONE fsync'ed commit per
-device round, signed reports); virtual SuperNodes host shards of 500 devices; the shards live in one host process per
-core for the whole run (Flower's actors forward each node's messages to the host owning it); the coordinator
+device round, signed reports); virtual SuperNodes host shards of devices (the "nodes" column); the shards live in one
+host process per core for the whole run (Flower's actors forward each node's messages to the host owning it); the coordinator
 (ServerApp) checks every report with the coordinator's Validator (signature; body support checks batched per reply)
 and commits each reply in one transaction, then estimates the round. The devices' report keys are HMAC-SHA256
 (``--signature hmac-sha256``: cheaper to sign and far cheaper to verify; the coordinator's registry holds the keys)
@@ -25,11 +25,6 @@ import shutil
 from typing import Any
 
 __all__ = ["run"]
-
-#: tmpfs budgeted (planning parameters, not measurements) per device whose database stays open (database, WAL and
-#: WAL index) and per device closed between rounds (the checkpointed database), to skip runs that cannot fit
-OPEN_DEVICE_DISK_BUDGET = 330 * 1024
-CLOSED_DEVICE_DISK_BUDGET = 70 * 1024
 
 TARGET_DEVICES, TARGET_SECONDS = 10_000, 10.0
 #: issue 18: a round of 100,000 devices in at most a minute on this machine
@@ -59,8 +54,8 @@ def run(quick: bool = False) -> str:
     if importlib.util.find_spec("flwr") is None or importlib.util.find_spec("ray") is None:
         return "\n".join(lines + ["Skipped: needs `flwr[simulation]==1.41.0`.", ""])
     from simulations.bench._keys import key_costs, key_costs_text
-    from simulations.flower_sim import (CLOSED_DEVICE_BYTES, OPEN_DEVICE_BYTES, available_memory, default_max_open,
-                                        memory_needed, run_flower_simulation)
+    from simulations.flower_sim import (FOOTPRINT_DEVICES, MEMORY_SHARE, available_memory, default_max_open,
+                                        measure_footprint, memory_needed, run_flower_simulation)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     runs = ((1_000, "hmac-sha256"),) if quick else ((TARGET_DEVICES, "hmac-sha256"), (TARGET_DEVICES, "ed25519"),
@@ -70,10 +65,9 @@ def run(quick: bool = False) -> str:
         __doc__.split("\n\n", 1)[1].strip(),
         "",
         f"Streams age (Hybrid), edu (OUE, k=16), syn (OLH, k=360), ε = 1 each; {cores} cores, one shard host per "
-        f"core; state on tmpfs. Memory is planned with a budget (not a measurement) of "
-        f"{OPEN_DEVICE_BYTES / 2**10:.0f} KiB per device whose database stays open (SQLite connection + WAL) and "
-        f"{CLOSED_DEVICE_BYTES / 2**10:.0f} KiB per device closed between rounds (agent + database file); hosts "
-        "keep as many open as fit half the available memory and reattach the others each round.",
+        f"core; state on tmpfs. Hosts keep as many device databases open as fit {MEMORY_SHARE:.0%} of the "
+        "available memory (less an allowance for Ray, Flower and the coordinator) and reattach the others each "
+        "round, planned by each device's footprint measured before the run (below).",
         "",
         key_costs_text(key_costs()),
         "",
@@ -82,23 +76,27 @@ def run(quick: bool = False) -> str:
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     results: dict[tuple[int, str], Any] = {}
+    footprints: dict[tuple[int, str], Any] = {}
     for n, signature in runs:
+        n_rounds = rounds if n <= TARGET_DEVICES else 2
         memory = available_memory()
-        max_open = default_max_open(n, cores, memory)
-        need = memory_needed(n, cores, max_open)
-        shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
-        open_devices = min(n, cores * max_open)
-        disk = open_devices * OPEN_DEVICE_DISK_BUDGET + (n - open_devices) * CLOSED_DEVICE_DISK_BUDGET
-        if memory and need > 0.9 * memory or shm and disk > 0.8 * shm:
-            lines.append(f"| {n:,} | {_KEYS[signature]} | skipped: needs ~{need / 2**30:.1f} GiB (devices "
-                         f"{OPEN_DEVICE_BYTES / 2**10:.0f} KiB open / {CLOSED_DEVICE_BYTES / 2**10:.0f} KiB closed, "
-                         f"tmpfs part ~{disk / 2**30:.1f} "
-                         f"GiB), {memory / 2**30:.1f} GiB available, {shm / 2**30:.1f} GiB tmpfs free "
-                         "| | | | | | | | |")
-            continue
+        max_open = None
+        if n > FOOTPRINT_DEVICES:
+            fp = footprints[(n, signature)] = measure_footprint(rounds=n_rounds, signature=signature)
+            max_open = default_max_open(n, cores, fp, memory)
+            need = memory_needed(n, cores, max_open, fp)
+            shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
+            open_devices = min(n, cores * max_open)
+            disk = open_devices * fp.open_files + (n - open_devices) * fp.closed_files
+            if memory and need > 0.9 * memory or shm and disk > 0.8 * shm:
+                lines.append(f"| {n:,} | {_KEYS[signature]} | skipped: needs ~{need / 2**30:.1f} GiB (devices "
+                             f"{fp.open_bytes / 2**10:.0f} KiB open / {fp.closed_bytes / 2**10:.0f} KiB closed, "
+                             f"tmpfs part ~{disk / 2**30:.1f} GiB), {memory / 2**30:.1f} GiB available, "
+                             f"{shm / 2**30:.1f} GiB tmpfs free | | | | | | | | |")
+                continue
         try:
-            res = run_flower_simulation(n, shard_size=500, rounds=rounds if n <= TARGET_DEVICES else 2,
-                                        timeout=3600.0, max_open=max_open, signature=signature, phases=True)
+            res = run_flower_simulation(n, rounds=n_rounds, timeout=3600.0, max_open=max_open, signature=signature,
+                                        phases=True)
         except Exception as exc:  # noqa: BLE001 - a section reports its failure instead of aborting the bench
             lines.append(f"| {n:,} | {_KEYS[signature]} | failed: {type(exc).__name__}: {exc} | | | | | | | | |")
             continue
@@ -126,8 +124,32 @@ def run(quick: bool = False) -> str:
             f"Target: {LARGE_DEVICES:,} devices per round in ≤ {LARGE_SECONDS:.0f} s after start-up on this machine "
             f"(HMAC-SHA256 report keys) — {'met' if worst <= LARGE_SECONDS else 'not met'} (slowest round "
             f"{worst:.1f} s; rounds {', '.join(f'{s:.1f}' for s in large.round_seconds)} s).")
-    lines += ["", *_breakdown(results, cores), ""]
+    lines += ["", *_footprint(footprints, results), "", *_breakdown(results, cores), ""]
     return "\n".join(lines)
+
+
+def _footprint(footprints: dict[tuple[int, str], Any], results: dict[tuple[int, str], Any]) -> list[str]:
+    """The measured footprint per device and the open databases it allowed, with the hosts' measured peak RSS."""
+    rows = []
+    for (n, signature), fp in footprints.items():
+        res = results.get((n, signature))
+        hosts = res.extra.get("hosts", []) if res is not None else []
+        peak = " / ".join(f"{h.get('max_rss_mib', 0) / 1024:.1f}" for h in hosts) or "–"
+        opened = f"{res.extra.get('max_open', 0):,}" if res is not None else "–"
+        rows.append(f"| {n:,} | {_KEYS[signature]} | {fp.open_rss / 2**10:.0f} + {fp.open_files / 2**10:.0f} | "
+                    f"{fp.closed_rss / 2**10:.0f} + {fp.closed_files / 2**10:.0f} | {opened} | {peak} |")
+    if not rows:
+        return []
+    return [
+        "Memory per device, measured before each run (KiB, resident memory of the shard host + state files on tmpfs, "
+        "after the run's rounds; two fresh processes hosting the same devices with every database open, then with "
+        "every database closed after each round), the open databases per host it allowed and the hosts' peak RSS "
+        "in the run (GiB):",
+        "",
+        "| devices | report keys | open device KiB | closed device KiB | open per host | hosts' peak RSS GiB |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+        *rows,
+    ]
 
 
 def _phases(res: Any, t: int) -> dict[str, float]:
