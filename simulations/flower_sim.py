@@ -74,6 +74,7 @@ __all__ = [
     "HostedShards",
     "THREAD_ENV",
     "MEMORY_SHARE",
+    "SMALL_FLEET",
     "DeviceFootprint",
     "measure_footprint",
     "available_memory",
@@ -372,8 +373,11 @@ class ShardHost:
 SIM_OVERHEAD_BYTES = 3 << 30
 #: the share of the available memory a simulation plans to fill (devices plus :data:`SIM_OVERHEAD_BYTES`)
 MEMORY_SHARE = 0.7
-#: devices :func:`measure_footprint` runs; a fleet of at most this many keeps every database open unmeasured
+#: devices :func:`measure_footprint` runs
 FOOTPRINT_DEVICES = 400
+#: a fleet of at most this many devices keeps every database open without measuring (well under 1 GiB by the
+#: footprint the bench measures)
+SMALL_FLEET = 2_000
 #: devices run first and left out of the measurement (imports, caches and tables built on first use)
 _WARM_DEVICES = 20
 
@@ -690,7 +694,7 @@ def run_flower_simulation(
     workers = min(workers, n_nodes)
     extra: dict[str, Any] = {}
     if max_open is None:
-        if devices <= FOOTPRINT_DEVICES:
+        if devices <= SMALL_FLEET:
             max_open = math.ceil(devices / workers)
         else:
             footprint = measure_footprint(rounds=min(rounds, 3), signature=signature, streams=tuple(streams))

@@ -54,7 +54,7 @@ def run(quick: bool = False) -> str:
     if importlib.util.find_spec("flwr") is None or importlib.util.find_spec("ray") is None:
         return "\n".join(lines + ["Skipped: needs `flwr[simulation]==1.41.0`.", ""])
     from simulations.bench._keys import key_costs, key_costs_text
-    from simulations.flower_sim import (FOOTPRINT_DEVICES, MEMORY_SHARE, available_memory, default_max_open,
+    from simulations.flower_sim import (MEMORY_SHARE, SMALL_FLEET, available_memory, default_max_open,
                                         measure_footprint, memory_needed, run_flower_simulation)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -81,7 +81,7 @@ def run(quick: bool = False) -> str:
         n_rounds = rounds if n <= TARGET_DEVICES else 2
         memory = available_memory()
         max_open = None
-        if n > FOOTPRINT_DEVICES:
+        if n > SMALL_FLEET:
             fp = footprints[(n, signature)] = measure_footprint(rounds=n_rounds, signature=signature)
             max_open = default_max_open(n, cores, fp, memory)
             need = memory_needed(n, cores, max_open, fp)
@@ -160,29 +160,78 @@ def _phases(res: Any, t: int) -> dict[str, float]:
     return out
 
 
-def _breakdown(results: dict[tuple[int, str], Any], cores: int) -> list[str]:
-    """Where each round's CPU went, in µs per device-round: the device-side phases on the shard hosts
-    (:class:`simulations.flower_phases.PhaseClock`), the rest of the hosts' busy time, the coordinator's ingest
+#: the columns of :func:`_split` after the device-side phases
+_REST = ("host rest", "coordinator ingest", "Flower/Ray + driver")
+
+
+def _split(res: Any, t: int, n: int) -> dict[str, float] | None:
+    """µs per device-round of round ``t`` (None without phase timings): the device-side phases on the shard hosts
+    (:class:`simulations.flower_phases.PhaseClock`), the rest of the hosts' busy CPU, the coordinator's ingest
     (verification and store commits) and everything else — the CPU of every process of the simulation in the round
     (:func:`simulations.proc_stats.tree_cpu`: Ray, Flower's actors forwarding the messages, the driver's Grid
-    polling, the estimates) less the former."""
+    polling, the estimates) less the former — and their sum ``total``."""
+    from simulations.flower_phases import PHASES
+
+    tree = res.extra.get("tree_cpu", [])
+    phases = _phases(res, t)
+    if not phases or t >= len(tree):
+        return None
+    host = _host_cpu(res, t)
+    ingest = res.summaries[t].cpu_ingest
+    out = {p: 1e6 * phases.get(p, 0.0) / n for p in PHASES}
+    out.update(zip(_REST, (1e6 * (host - sum(phases.values())) / n, 1e6 * ingest / n,
+                           1e6 * (tree[t] - host - ingest) / n)))
+    out["total"] = 1e6 * tree[t] / n
+    return out
+
+
+def _remaining(results: dict[tuple[int, str], Any], cores: int) -> list[str]:
+    """What a device round of the largest run's last round is made of, grouped, against the round target."""
+    from simulations.flower_sim import MEMORY_SHARE
+
+    large = results.get((LARGE_DEVICES, "hmac-sha256"))
+    last = len(large.summaries) - 1 if large is not None else -1
+    cost = _split(large, last, LARGE_DEVICES) if large is not None else None
+    if cost is None:
+        return []
+    n = LARGE_DEVICES
+    opened = min(n, large.extra.get("workers", cores) * large.extra.get("max_open", 0))
+    sql = cost["open/close"] + cost["ledger transaction"]
+    agent = cost["reading+plan"] + cost["privatize"] + cost["sign"] + cost["ledger mark"]
+    small = results.get((TARGET_DEVICES, "hmac-sha256"))
+    small_cost = _split(small, len(small.summaries) - 1, TARGET_DEVICES) if small is not None else None
+    versus = (f", against {small_cost['ledger transaction']:,.0f} µs at {TARGET_DEVICES:,} devices where every "
+              "database stays open" if small_cost is not None else "")
+    allowed = 1e6 * LARGE_SECONDS * cores / n
+    verdict = ("within it" if cost["total"] <= allowed
+               else f"{cost['total'] - allowed:,.0f} µs ({cost['total'] / allowed - 1:.0%}) over it")
+    return [
+        f"What a device round costs at {n:,} devices (round {last + 1}, CPU of all processes): "
+        f"{cost['total']:,.0f} µs. SQLite {sql:,.0f} µs: {cost['open/close']:,.0f} µs reattaching and closing the "
+        f"databases that do not stay open ({(n - opened) / n:.0%} of the devices: {opened:,} open databases fit "
+        f"{MEMORY_SHARE:.0%} of the memory by the footprint above) and {cost['ledger transaction']:,.0f} µs for the "
+        f"round's transaction (compiling its statements again on a reattached connection{versus}); the agent's own "
+        f"work {agent:,.0f} µs (reading and plans {cost['reading+plan']:,.0f}, privatization "
+        f"{cost['privatize']:,.0f}, signing {cost['sign']:,.0f}, ledger mark {cost['ledger mark']:,.0f}); the "
+        f"hosts' other work {cost['host rest']:,.0f} µs; the coordinator's ingest {cost['coordinator ingest']:,.0f} "
+        f"µs; Flower/Ray and the driver {cost['Flower/Ray + driver']:,.0f} µs. A round of ≤ {LARGE_SECONDS:.0f} s on "
+        f"{cores} cores allows {allowed:,.0f} µs per device round: this is {verdict}.",
+    ]
+
+
+def _breakdown(results: dict[tuple[int, str], Any], cores: int) -> list[str]:
+    """Where each round's CPU went, in µs per device-round (:func:`_split`)."""
     from simulations.flower_phases import PHASES
 
     rows = []
     for (n, signature), res in results.items():
-        tree = res.extra.get("tree_cpu", [])
-        for t, summary in enumerate(res.summaries):
-            phases = _phases(res, t)
-            if not phases or t >= len(tree):
+        for t in range(len(res.summaries)):
+            cost = _split(res, t, n)
+            if cost is None:
                 continue
-            host = _host_cpu(res, t)
-            ingest = summary.cpu_ingest
-            rest_host = host - sum(phases.values())
-            other = tree[t] - host - ingest
-            cells = [1e6 * phases.get(p, 0.0) / n for p in PHASES] + [1e6 * rest_host / n, 1e6 * ingest / n,
-                                                                       1e6 * other / n]
-            rows.append(f"| {n:,} | {_KEYS[signature]} | {t + 1} | {res.round_seconds[t]:.1f} | {tree[t]:.1f} | "
-                        f"{1e6 * tree[t] / n:,.0f} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+            tree = res.extra["tree_cpu"][t]
+            rows.append(f"| {n:,} | {_KEYS[signature]} | {t + 1} | {res.round_seconds[t]:.1f} | {tree:.1f} | "
+                        f"{cost['total']:,.0f} | " + " | ".join(f"{cost[c]:,.0f}" for c in (*PHASES, *_REST)) + " |")
     if not rows:
         return []
     return [
@@ -197,7 +246,9 @@ def _breakdown(results: dict[tuple[int, str], Any], cores: int) -> list[str]:
         "its total CPU over the cores.",
         "",
         "| devices | report keys | round | wall s | CPU s (all processes) | µs per device | "
-        + " | ".join(PHASES) + " | host rest | coordinator ingest | Flower/Ray + driver |",
+        + " | ".join(PHASES) + " | " + " | ".join(_REST) + " |",
         "| ---: | --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " | ---: | ---: | ---: |",
         *rows,
+        "",
+        *_remaining(results, cores),
     ]
