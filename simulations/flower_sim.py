@@ -612,9 +612,10 @@ NODE_DEVICES = 2500
 
 def default_nodes(devices: int, workers: int) -> int:
     """Virtual SuperNodes for ``devices`` devices on ``workers`` shard hosts: shards of about :data:`NODE_DEVICES`,
-    but at least 4 per host (while there are devices), so that every host has a node's round queued while the
-    coordinator ingests another's reply."""
-    return max(1, min(devices, max(4 * workers, math.ceil(devices / NODE_DEVICES))))
+    but at least 10 per host (while there are devices): Flower's actors hand the nodes' messages to the hosts in no
+    particular order, so with few large shards one host can sit idle while the other works through its queue (a
+    10,000-device round on 8 nodes left the hosts idle a third of the time)."""
+    return max(1, min(devices, max(10 * workers, math.ceil(devices / NODE_DEVICES))))
 
 
 def _cores() -> int:
@@ -782,7 +783,7 @@ def run_flower_simulation(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``haarvest simulate flower``."""
     parser.add_argument("--devices", type=int, default=1000, help="simulated devices (default 1000)")
-    parser.add_argument("--shard-size", type=int, default=None, help="devices per virtual SuperNode (default: about 2,500, at least 4 "
+    parser.add_argument("--shard-size", type=int, default=None, help="devices per virtual SuperNode (default: about 2,500, at least 10 "
                         "nodes per worker)")
     parser.add_argument("--nodes", type=int, default=None, help="virtual SuperNodes (alternative to --shard-size)")
     parser.add_argument("--rounds", type=int, default=2)
