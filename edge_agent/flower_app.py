@@ -160,9 +160,11 @@ class _OpenAgents:
     reattached on the next use. Rounds visit every device in the same order, so least-recently-used eviction would
     miss on every access once the fleet outgrows the capacity; keeping the first ``capacity`` open hits on that
     many. ``capacity`` is the smaller of the descriptor budget (3 descriptors per open database, 2 when
-    ``hosted``) and ``max_open`` (a memory bound: :data:`simulations.flower_sim.OPEN_DEVICE_BYTES` is the budget
-    per open device). ``hosted`` opens the agents' databases as :class:`State` ``hosted`` (exclusive locking, small
-    page cache, short WAL): for a process that is the only user of its devices' databases (a simulation's shard host).
+    ``hosted``) and ``max_open`` (a memory bound: :func:`simulations.flower_sim.default_max_open` plans it from a
+    measured footprint per device). ``hosted`` opens the agents' databases as :class:`State` ``hosted`` (exclusive
+    locking, small page cache, short WAL): for a process that is the only user of its devices' databases (a
+    simulation's shard host); a hosted agent kept open is reattached right after its boot, so that its connection
+    holds the statements its rounds use and not those of the boot's ledger checks.
     """
 
     def __init__(self) -> None:
@@ -213,6 +215,11 @@ class _OpenAgents:
             self.agents[key] = agent
             if len(self.resident) < self.capacity:
                 self.resident.add(key)
+                if self.hosted and agent.state is not None:
+                    # drop the statements the boot compiled (ledger checks, boot count, mark): about as much memory
+                    # as the connection itself, never used again; the rounds compile theirs on first use
+                    agent.state.close()
+                    agent.state = State(agent.config.database_path, hosted=True, reattach=True)
         elif agent.state is None:
             agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True)
             self.reattached += 1

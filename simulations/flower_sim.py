@@ -26,8 +26,10 @@ each node's message to the owning host — Flower's Simulation Runtime would oth
 its actors is idle, re-opening its devices in another process every time it moves. The coordinator (ServerApp) runs
 in the driver process. Shards are built lazily in their host by :class:`SimHostFactory` (which also serves tests
 in-process); device state lives in ``workdir`` (by default a fresh directory under /dev/shm when it exists: the
-agents commit every report with ``synchronous=FULL``). A host keeps as many device databases open as fit half the
-available memory (:func:`default_max_open`) and reattaches the others' databases for each round.
+agents commit every report with ``synchronous=FULL``). A host keeps every device database open when all of them fit
+:data:`MEMORY_SHARE` of the available memory by a footprint measured on this machine (:func:`measure_footprint`,
+:func:`default_max_open`); else it reattaches each device's database for each round (keeping part of them open
+would slow every reattachment: see :func:`default_max_open`).
 
 **Cost model** (the rounds are CPU-bound): a device round costs the agent's CPU (privatizations, ledger and memo
 rows, more when every stream charges and on each database's first compilation of its SQL statements) and one SQLite
@@ -72,10 +74,14 @@ __all__ = [
     "ShardHost",
     "HostedShards",
     "THREAD_ENV",
-    "OPEN_DEVICE_BYTES",
-    "CLOSED_DEVICE_BYTES",
+    "MEMORY_SHARE",
+    "SMALL_FLEET",
+    "DeviceFootprint",
+    "measure_footprint",
     "available_memory",
     "default_max_open",
+    "NODE_DEVICES",
+    "default_nodes",
     "memory_needed",
     "FlowerSimResult",
     "syn_values",
@@ -362,16 +368,121 @@ class ShardHost:
                 "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-#: the memory budgeted (a planning parameter, not a measurement) per device whose database stays open on a shard host
-#: (``State(hosted=True)``): its SQLite connection (schema, prepared statements, page cache) and the agent, plus on
-#: tmpfs its database and its WAL (at most ``HOSTED_WAL_PAGES`` pages); the bench (`make bench`, section *flower*)
-#: reports the hosts' measured peak RSS against it
-OPEN_DEVICE_BYTES = 700 * 1024
-#: the memory budgeted per device whose database is closed between rounds: the agent (pipeline, plans, volatility
-#: windows) plus its checkpointed database file on tmpfs (a planning parameter, as :data:`OPEN_DEVICE_BYTES`)
-CLOSED_DEVICE_BYTES = 136 * 1024
-#: Ray, Flower's actors, the coordinator and its store
+# --- memory planning from a measured footprint --------------------------------------------------------------
+
+#: Ray, Flower's actors, the coordinator and its store (an allowance: the bench reports the hosts' peak RSS)
 SIM_OVERHEAD_BYTES = 3 << 30
+#: the share of the available memory a simulation plans to fill (devices plus :data:`SIM_OVERHEAD_BYTES`)
+MEMORY_SHARE = 0.7
+#: devices :func:`measure_footprint` runs
+FOOTPRINT_DEVICES = 400
+#: a fleet of at most this many devices keeps every database open without measuring (well under 1 GiB by the
+#: footprint the bench measures)
+SMALL_FLEET = 2_000
+#: devices run first and left out of the measurement (imports, caches and tables built on first use)
+_WARM_DEVICES = 20
+
+
+@dataclass(frozen=True)
+class DeviceFootprint:
+    """Bytes per simulated device, measured by :func:`measure_footprint` on this machine: the shard host's
+    resident memory (agent, pipeline and — open — the SQLite connection: schema, page cache, WAL index, prepared
+    statements) and its state files on tmpfs (keys, ledger mark, database and — open — the WAL), for a device whose
+    database stays open across rounds and for one whose database is closed after each round."""
+
+    open_rss: float
+    open_files: float
+    closed_rss: float
+    closed_files: float
+    devices: int
+    rounds: int
+
+    @property
+    def open_bytes(self) -> float:
+        return self.open_rss + self.open_files
+
+    @property
+    def closed_bytes(self) -> float:
+        return self.closed_rss + self.closed_files
+
+    def to_dict(self) -> dict[str, float]:
+        return {"open_rss": self.open_rss, "open_files": self.open_files, "closed_rss": self.closed_rss,
+                "closed_files": self.closed_files, "devices": self.devices, "rounds": self.rounds}
+
+
+def _files_bytes(root: Path) -> int:
+    """Bytes the files under ``root`` occupy (allocated blocks: what tmpfs takes from memory)."""
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _footprint_child(devices: int, rounds: int, signature: str, streams: list[str], max_open: int) -> dict[str, float]:
+    """In a fresh process (a shard host's situation): ``devices`` hosted devices, at most ``max_open`` of them open,
+    announce and answer ``rounds`` rounds; resident memory and state files per device, from after a warm-up shard."""
+    from edge_agent.flower_app import OPEN_AGENTS
+    from protocols import wire
+    from simulations.proc_stats import rss
+
+    configure_environment()
+    root = _default_workdir()
+    try:
+        key = wire.generate_signing_key()
+        spec = SimFleetSpec(run_id="footprint", n_devices=_WARM_DEVICES + devices, shard_size=_WARM_DEVICES,
+                            state_root=str(root / "devices"), coordinator_public_key=wire.public_key_b64(key),
+                            signature=signature, streams=tuple(streams))
+        OPEN_AGENTS.configure(devices=spec.n_devices, max_open=max_open, hosted=True)
+        factory = SimHostFactory(spec)
+        payloads = [wire.sign_round(wire.RoundConfig(round_id=f"footprint-{r}", protocol="flower",
+                                                     epsilon=spec.max_round_epsilon, params=round_params(spec)),
+                                    key).to_bytes() for r in range(rounds)]
+
+        def run(partitions: range) -> None:
+            for p in partitions:
+                factory({"partition-id": p}).announce()
+            for t, payload in enumerate(payloads):
+                for p in partitions:
+                    factory({"partition-id": p}).answer(payload, t)
+
+        run(range(1))
+        gc.collect()
+        rss0, files0 = rss(os.getpid()), _files_bytes(root)
+        run(range(1, spec.n_shards))
+        gc.collect()
+        return {"rss": (rss(os.getpid()) - rss0) / devices, "files": (_files_bytes(root) - files0) / devices}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _pythonpath() -> str:
+    """This process's import path as a ``PYTHONPATH`` (child processes import the same tree)."""
+    return os.pathsep.join([p for p in sys.path if p] + ([os.environ["PYTHONPATH"]]
+                                                         if os.environ.get("PYTHONPATH") else []))
+
+
+def measure_footprint(devices: int = FOOTPRINT_DEVICES, rounds: int = 2, signature: str = "hmac-sha256",
+                      streams: tuple[str, ...] = ("age", "edu", "syn")) -> DeviceFootprint:
+    """Measure :class:`DeviceFootprint` in two fresh processes (every database open; every database closed after
+    each round), each hosting ``devices`` devices for ``rounds`` rounds (the WAL of an open database grows with the
+    rounds until its checkpoint). Takes a few seconds."""
+    import subprocess
+
+    out = {}
+    for mode, max_open in (("open", _WARM_DEVICES + devices), ("closed", 1)):
+        code = ("import json, sys; from simulations.flower_sim import _footprint_child; "
+                "print(json.dumps(_footprint_child(*json.loads(sys.argv[1]))))")
+        args = json.dumps([devices, rounds, signature, list(streams), max_open])
+        proc = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": _pythonpath()}, timeout=600)
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return DeviceFootprint(open_rss=out["open"]["rss"], open_files=out["open"]["files"],
+                           closed_rss=out["closed"]["rss"], closed_files=out["closed"]["files"], devices=devices,
+                           rounds=rounds)
 
 
 def available_memory() -> int:
@@ -386,23 +497,30 @@ def available_memory() -> int:
     return 0
 
 
-def default_max_open(devices: int, workers: int, memory: int | None = None) -> int:
-    """Open device databases per host for ``devices`` devices on ``workers`` hosts: all of them while every device
-    open fits half of the available memory (:data:`OPEN_DEVICE_BYTES` each); else as many as fit that half next to
-    the closed ones (:data:`CLOSED_DEVICE_BYTES`), at least 100 per host."""
+def default_max_open(devices: int, workers: int, footprint: DeviceFootprint, memory: int | None = None) -> int:
+    """Open device databases per host for ``devices`` devices on ``workers`` hosts: all of them when every device
+    open (``footprint.open_bytes`` each) fits :data:`MEMORY_SHARE` of the available memory less
+    :data:`SIM_OVERHEAD_BYTES`; else one — the others reattach their database each round.
+
+    Not "as many as fit": SQLite's unix VFS finds a file it opens in a list of every file the process holds open
+    (one entry per database and one per WAL), so each reattachment costs time proportional to the databases kept open
+    (measured: 0.24 ms to reattach, write and close a database with none other open, 2.6 ms with 9,000 open). With
+    R the reattachment's own cost and k that cost per open fraction, a host's rounds cost (1 − f)·(R + k·f) per device
+    at an open fraction f: concave, so least at f = 1 (all open) or f ≈ 0, never in between unless nearly all fit."""
     memory = available_memory() if memory is None else memory
     per_host = math.ceil(devices / max(1, workers))
-    budget = 0.5 * memory
-    if memory <= 0 or devices * OPEN_DEVICE_BYTES <= budget:
+    budget = MEMORY_SHARE * memory - SIM_OVERHEAD_BYTES
+    if memory <= 0 or devices * footprint.open_bytes <= budget:
         return max(1, per_host)
-    fit = (budget - devices * CLOSED_DEVICE_BYTES) / (OPEN_DEVICE_BYTES - CLOSED_DEVICE_BYTES) / max(1, workers)
-    return max(1, min(per_host, max(100, int(fit))))
+    return 1
 
 
-def memory_needed(devices: int, workers: int, max_open: int) -> int:
-    """Estimated memory (RAM plus tmpfs) of a simulation: open and closed devices plus the fixed overhead."""
+def memory_needed(devices: int, workers: int, max_open: int, footprint: DeviceFootprint) -> int:
+    """Memory (RAM plus tmpfs) a simulation needs by ``footprint``: open and closed devices plus the fixed
+    overhead."""
     open_devices = min(devices, workers * max_open)
-    return open_devices * OPEN_DEVICE_BYTES + (devices - open_devices) * CLOSED_DEVICE_BYTES + SIM_OVERHEAD_BYTES
+    return int(open_devices * footprint.open_bytes + (devices - open_devices) * footprint.closed_bytes
+               + SIM_OVERHEAD_BYTES)
 
 
 def _host_name(run_id: str, index: int) -> str:
@@ -487,6 +605,19 @@ def _default_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="haarvest-flower-", dir=base))
 
 
+#: devices per virtual SuperNode by default (:func:`default_nodes`): Flower's in-memory link state walks its stored
+#: messages on every node's poll, so its cost grows with the node count; a shard host answers a node's devices in turn
+NODE_DEVICES = 2500
+
+
+def default_nodes(devices: int, workers: int) -> int:
+    """Virtual SuperNodes for ``devices`` devices on ``workers`` shard hosts: shards of about :data:`NODE_DEVICES`,
+    but at least 10 per host (while there are devices): Flower's actors hand the nodes' messages to the hosts in no
+    particular order, so with few large shards one host can sit idle while the other works through its queue (a
+    10,000-device round on 8 nodes left the hosts idle a third of the time)."""
+    return max(1, min(devices, max(10 * workers, math.ceil(devices / NODE_DEVICES))))
+
+
 def _cores() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -535,15 +666,15 @@ def run_flower_simulation(
     unknown = sorted(set(streams) - set(STREAMS))
     if unknown or not streams:
         raise ValueError(f"unknown streams {unknown}; choose from {sorted(STREAMS)}")
-    if shard_size is None:
-        n_nodes = nodes if nodes is not None else max(1, min(devices, math.ceil(devices / 500)))
-        shard_size = math.ceil(devices / n_nodes)
-    if shard_size < 1:
-        raise ValueError("shard_size must be >= 1")
     workers = _cores() if workers is None else int(workers)
     forwarders = 2 * workers if forwarders is None else int(forwarders)
     if workers < 1 or forwarders < 1:
         raise ValueError("need workers >= 1 and forwarders >= 1")
+    if shard_size is None:
+        n_nodes = nodes if nodes is not None else default_nodes(devices, workers)
+        shard_size = math.ceil(devices / n_nodes)
+    if shard_size < 1:
+        raise ValueError("shard_size must be >= 1")
 
     configure_environment()
     import ray
@@ -566,8 +697,14 @@ def run_flower_simulation(
     )
     n_nodes = spec.n_shards
     workers = min(workers, n_nodes)
+    extra: dict[str, Any] = {}
     if max_open is None:
-        max_open = default_max_open(devices, workers)
+        if devices <= SMALL_FLEET:
+            max_open = math.ceil(devices / workers)
+        else:
+            footprint = measure_footprint(rounds=min(rounds, 3), signature=signature, streams=tuple(streams))
+            extra["footprint"] = footprint.to_dict()
+            max_open = default_max_open(devices, workers, footprint)
     store = open_store(root / "coordinator.sqlite3")
     settings = FlowerSettings(
         base_params=round_params(spec), rounds=rounds, epsilon=spec.max_round_epsilon, round_prefix="sim",
@@ -590,7 +727,7 @@ def run_flower_simulation(
     coordinator.run_round = timed_run_round  # type: ignore[method-assign]
     done: list[Any] = []
     hosts: list[Any] = []
-    extra: dict[str, Any] = {"workers": workers, "forwarders": forwarders, "max_open": max_open}
+    extra.update({"workers": workers, "forwarders": forwarders, "max_open": max_open})
 
     def on_done(summaries: list[Any]) -> None:
         done.append(summaries)
@@ -603,8 +740,7 @@ def run_flower_simulation(
     client_app = make_client_app(HostedShards(spec, workers))
     own_ray = not ray.is_initialized()
     if own_ray:  # initialised here (Flower then uses it as it is): the workers get the thread pinning too
-        pythonpath = os.pathsep.join([p for p in sys.path if p] + ([os.environ["PYTHONPATH"]]
-                                                                   if os.environ.get("PYTHONPATH") else []))
+        pythonpath = _pythonpath()
         ray.init(num_cpus=workers, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath, **THREAD_ENV}},
                  logging_level=logging.INFO if verbose else logging.WARNING, log_to_driver=verbose)
@@ -647,7 +783,8 @@ def run_flower_simulation(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``haarvest simulate flower``."""
     parser.add_argument("--devices", type=int, default=1000, help="simulated devices (default 1000)")
-    parser.add_argument("--shard-size", type=int, default=None, help="devices per virtual SuperNode (default: 500)")
+    parser.add_argument("--shard-size", type=int, default=None, help="devices per virtual SuperNode (default: about 2,500, at least 10 "
+                        "nodes per worker)")
     parser.add_argument("--nodes", type=int, default=None, help="virtual SuperNodes (alternative to --shard-size)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0, help="data seed (device noise always uses OS entropy)")
@@ -657,7 +794,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="per-round straggler timeout (s)")
     parser.add_argument("--workers", type=int, default=None, help="shard host processes (default: one per core)")
     parser.add_argument("--max-open", type=int, default=None,
-                        help="device databases each host keeps open (default: as many as fit a quarter of the memory)")
+                        help="device databases each host keeps open (default: as many as fit the memory by a measured "
+                             "footprint)")
     parser.add_argument("--signature", choices=("ed25519", "hmac-sha256"), default="ed25519",
                         help="the devices' report keys (default ed25519; hmac-sha256: far cheaper to verify, the "
                              "coordinator's registry holds the secrets)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_cpu", "children", "tree_cpu", "peak_rss"]
+__all__ = ["process_cpu", "children", "tree_cpu", "peak_rss", "rss"]
 
 
 def _stat(pid: int) -> list[bytes]:
@@ -61,10 +61,20 @@ def tree_cpu(pid: int | None = None, *, reaped: bool = False) -> float:
     return total
 
 
-def peak_rss(pid: int) -> int:
-    """VmHWM (peak resident set) of a live process, bytes."""
+def _status_bytes(pid: int, field: str) -> int:
+    """A ``kB`` field of ``/proc/PID/status`` in bytes (0 when absent)."""
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def peak_rss(pid: int) -> int:
+    """VmHWM (peak resident set) of a live process, bytes."""
+    return _status_bytes(pid, "VmHWM")
+
+
+def rss(pid: int) -> int:
+    """VmRSS (resident set now) of a live process, bytes."""
+    return _status_bytes(pid, "VmRSS")

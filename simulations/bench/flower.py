@@ -1,8 +1,8 @@
 """Bench section: rounds of a Flower simulation of a large fleet (simulations/flower_sim.py).
 
 Every simulated device is a full haarvest agent (pipeline, SQLite ledger/memo/outbox with ONE fsync'ed commit per
-device round, signed reports); virtual SuperNodes host shards of 500 devices; the shards live in one host process per
-core for the whole run (Flower's actors forward each node's messages to the host owning it); the coordinator
+device round, signed reports); virtual SuperNodes host shards of devices (the "nodes" column); the shards live in one
+host process per core for the whole run (Flower's actors forward each node's messages to the host owning it); the coordinator
 (ServerApp) checks every report with the coordinator's Validator (signature; body support checks batched per reply)
 and commits each reply in one transaction, then estimates the round. The devices' report keys are HMAC-SHA256
 (``--signature hmac-sha256``: cheaper to sign and far cheaper to verify; the coordinator's registry holds the keys)
@@ -25,11 +25,6 @@ import shutil
 from typing import Any
 
 __all__ = ["run"]
-
-#: tmpfs budgeted (planning parameters, not measurements) per device whose database stays open (database, WAL and
-#: WAL index) and per device closed between rounds (the checkpointed database), to skip runs that cannot fit
-OPEN_DEVICE_DISK_BUDGET = 330 * 1024
-CLOSED_DEVICE_DISK_BUDGET = 70 * 1024
 
 TARGET_DEVICES, TARGET_SECONDS = 10_000, 10.0
 #: issue 18: a round of 100,000 devices in at most a minute on this machine
@@ -59,8 +54,8 @@ def run(quick: bool = False) -> str:
     if importlib.util.find_spec("flwr") is None or importlib.util.find_spec("ray") is None:
         return "\n".join(lines + ["Skipped: needs `flwr[simulation]==1.41.0`.", ""])
     from simulations.bench._keys import key_costs, key_costs_text
-    from simulations.flower_sim import (CLOSED_DEVICE_BYTES, OPEN_DEVICE_BYTES, available_memory, default_max_open,
-                                        memory_needed, run_flower_simulation)
+    from simulations.flower_sim import (MEMORY_SHARE, SMALL_FLEET, available_memory, default_max_open,
+                                        measure_footprint, memory_needed, run_flower_simulation)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     runs = ((1_000, "hmac-sha256"),) if quick else ((TARGET_DEVICES, "hmac-sha256"), (TARGET_DEVICES, "ed25519"),
@@ -70,10 +65,9 @@ def run(quick: bool = False) -> str:
         __doc__.split("\n\n", 1)[1].strip(),
         "",
         f"Streams age (Hybrid), edu (OUE, k=16), syn (OLH, k=360), ε = 1 each; {cores} cores, one shard host per "
-        f"core; state on tmpfs. Memory is planned with a budget (not a measurement) of "
-        f"{OPEN_DEVICE_BYTES / 2**10:.0f} KiB per device whose database stays open (SQLite connection + WAL) and "
-        f"{CLOSED_DEVICE_BYTES / 2**10:.0f} KiB per device closed between rounds (agent + database file); hosts "
-        "keep as many open as fit half the available memory and reattach the others each round.",
+        f"core; state on tmpfs. Hosts keep every device database open when all fit {MEMORY_SHARE:.0%} of the "
+        "available memory (less an allowance for Ray, Flower and the coordinator) by each device's footprint "
+        "measured before the run (below); else they reattach each database every round.",
         "",
         key_costs_text(key_costs()),
         "",
@@ -82,26 +76,31 @@ def run(quick: bool = False) -> str:
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     results: dict[tuple[int, str], Any] = {}
+    footprints: dict[tuple[int, str], Any] = {}
     for n, signature in runs:
+        n_rounds = rounds if n <= TARGET_DEVICES else 2
         memory = available_memory()
-        max_open = default_max_open(n, cores, memory)
-        need = memory_needed(n, cores, max_open)
-        shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
-        open_devices = min(n, cores * max_open)
-        disk = open_devices * OPEN_DEVICE_DISK_BUDGET + (n - open_devices) * CLOSED_DEVICE_DISK_BUDGET
-        if memory and need > 0.9 * memory or shm and disk > 0.8 * shm:
-            lines.append(f"| {n:,} | {_KEYS[signature]} | skipped: needs ~{need / 2**30:.1f} GiB (devices "
-                         f"{OPEN_DEVICE_BYTES / 2**10:.0f} KiB open / {CLOSED_DEVICE_BYTES / 2**10:.0f} KiB closed, "
-                         f"tmpfs part ~{disk / 2**30:.1f} "
-                         f"GiB), {memory / 2**30:.1f} GiB available, {shm / 2**30:.1f} GiB tmpfs free "
-                         "| | | | | | | | |")
-            continue
+        max_open = None
+        if n > SMALL_FLEET:
+            fp = footprints[(n, signature)] = measure_footprint(rounds=n_rounds, signature=signature)
+            max_open = default_max_open(n, cores, fp, memory)
+            need = memory_needed(n, cores, max_open, fp)
+            shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
+            open_devices = min(n, cores * max_open)
+            disk = open_devices * fp.open_files + (n - open_devices) * fp.closed_files
+            if memory and need > 0.9 * memory or shm and disk > 0.8 * shm:
+                lines.append(f"| {n:,} | {_KEYS[signature]} | skipped: needs ~{need / 2**30:.1f} GiB (devices "
+                             f"{fp.open_bytes / 2**10:.0f} KiB open / {fp.closed_bytes / 2**10:.0f} KiB closed, "
+                             f"tmpfs part ~{disk / 2**30:.1f} GiB), {memory / 2**30:.1f} GiB available, "
+                             f"{shm / 2**30:.1f} GiB tmpfs free | | | | | | | | |")
+                continue
         try:
-            res = run_flower_simulation(n, shard_size=500, rounds=rounds if n <= TARGET_DEVICES else 2,
-                                        timeout=3600.0, max_open=max_open, signature=signature, phases=True)
+            res = run_flower_simulation(n, rounds=n_rounds, timeout=3600.0, max_open=max_open, signature=signature,
+                                        phases=True)
         except Exception as exc:  # noqa: BLE001 - a section reports its failure instead of aborting the bench
             lines.append(f"| {n:,} | {_KEYS[signature]} | failed: {type(exc).__name__}: {exc} | | | | | | | | |")
             continue
+        res.extra["memory"] = memory
         results[(n, signature)] = res
         lines.append(_row(n, res, rounds))
     lines.append("")
@@ -126,8 +125,32 @@ def run(quick: bool = False) -> str:
             f"Target: {LARGE_DEVICES:,} devices per round in ≤ {LARGE_SECONDS:.0f} s after start-up on this machine "
             f"(HMAC-SHA256 report keys) — {'met' if worst <= LARGE_SECONDS else 'not met'} (slowest round "
             f"{worst:.1f} s; rounds {', '.join(f'{s:.1f}' for s in large.round_seconds)} s).")
-    lines += ["", *_breakdown(results, cores), ""]
+    lines += ["", *_footprint(footprints, results), "", *_breakdown(results, footprints, cores), ""]
     return "\n".join(lines)
+
+
+def _footprint(footprints: dict[tuple[int, str], Any], results: dict[tuple[int, str], Any]) -> list[str]:
+    """The measured footprint per device and the open databases it allowed, with the hosts' measured peak RSS."""
+    rows = []
+    for (n, signature), fp in footprints.items():
+        res = results.get((n, signature))
+        hosts = res.extra.get("hosts", []) if res is not None else []
+        peak = " / ".join(f"{h.get('max_rss_mib', 0) / 1024:.1f}" for h in hosts) or "–"
+        opened = f"{res.extra.get('max_open', 0):,}" if res is not None else "–"
+        rows.append(f"| {n:,} | {_KEYS[signature]} | {fp.open_rss / 2**10:.0f} + {fp.open_files / 2**10:.0f} | "
+                    f"{fp.closed_rss / 2**10:.0f} + {fp.closed_files / 2**10:.0f} | {opened} | {peak} |")
+    if not rows:
+        return []
+    return [
+        "Memory per device, measured before each run (KiB, resident memory of the shard host + state files on tmpfs, "
+        "after the run's rounds; two fresh processes hosting the same devices with every database open, then with "
+        "every database closed after each round), the open databases per host it allowed and the hosts' peak RSS "
+        "in the run (GiB):",
+        "",
+        "| devices | report keys | open device KiB | closed device KiB | open per host | hosts' peak RSS GiB |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+        *rows,
+    ]
 
 
 def _phases(res: Any, t: int) -> dict[str, float]:
@@ -138,29 +161,84 @@ def _phases(res: Any, t: int) -> dict[str, float]:
     return out
 
 
-def _breakdown(results: dict[tuple[int, str], Any], cores: int) -> list[str]:
-    """Where each round's CPU went, in µs per device-round: the device-side phases on the shard hosts
-    (:class:`simulations.flower_phases.PhaseClock`), the rest of the hosts' busy time, the coordinator's ingest
+#: the columns of :func:`_split` after the device-side phases
+_REST = ("host rest", "coordinator ingest", "Flower/Ray + driver")
+
+
+def _split(res: Any, t: int, n: int) -> dict[str, float] | None:
+    """µs per device-round of round ``t`` (None without phase timings): the device-side phases on the shard hosts
+    (:class:`simulations.flower_phases.PhaseClock`), the rest of the hosts' busy CPU, the coordinator's ingest
     (verification and store commits) and everything else — the CPU of every process of the simulation in the round
     (:func:`simulations.proc_stats.tree_cpu`: Ray, Flower's actors forwarding the messages, the driver's Grid
-    polling, the estimates) less the former."""
+    polling, the estimates) less the former — and their sum ``total``."""
+    from simulations.flower_phases import PHASES
+
+    tree = res.extra.get("tree_cpu", [])
+    phases = _phases(res, t)
+    if not phases or t >= len(tree):
+        return None
+    host = _host_cpu(res, t)
+    ingest = res.summaries[t].cpu_ingest
+    out = {p: 1e6 * phases.get(p, 0.0) / n for p in PHASES}
+    out.update(zip(_REST, (1e6 * (host - sum(phases.values())) / n, 1e6 * ingest / n,
+                           1e6 * (tree[t] - host - ingest) / n)))
+    out["total"] = 1e6 * tree[t] / n
+    return out
+
+
+def _remaining(results: dict[tuple[int, str], Any], footprints: dict[tuple[int, str], Any], cores: int) -> list[str]:
+    """What a device round of the largest run's last round is made of, grouped, against the round target."""
+    from simulations.flower_sim import MEMORY_SHARE, SIM_OVERHEAD_BYTES
+
+    large = results.get((LARGE_DEVICES, "hmac-sha256"))
+    last = len(large.summaries) - 1 if large is not None else -1
+    cost = _split(large, last, LARGE_DEVICES) if large is not None else None
+    if cost is None:
+        return []
+    n = LARGE_DEVICES
+    opened = min(n, large.extra.get("workers", cores) * large.extra.get("max_open", 0))
+    fp = footprints.get((n, "hmac-sha256"))
+    memory = large.extra.get("memory", 0)
+    why = (f" — all {n:,} open would need {(SIM_OVERHEAD_BYTES + n * fp.open_bytes) / 2**30:.1f} GiB by the "
+           f"footprint above, more than {MEMORY_SHARE:.0%} of the {memory / 2**30:.1f} GiB available, and keeping "
+           "only part of them open would slow every reattachment: SQLite looks each file it opens up in a list of "
+           "all the files the process holds open" if fp is not None and memory else "")
+    sql = cost["open/close"] + cost["ledger transaction"]
+    agent = cost["reading+plan"] + cost["privatize"] + cost["sign"] + cost["ledger mark"]
+    small = results.get((TARGET_DEVICES, "hmac-sha256"))
+    small_cost = _split(small, len(small.summaries) - 1, TARGET_DEVICES) if small is not None else None
+    versus = (f", against {small_cost['ledger transaction']:,.0f} µs at {TARGET_DEVICES:,} devices where every "
+              "database stays open" if small_cost is not None else "")
+    allowed = 1e6 * LARGE_SECONDS * cores / n
+    verdict = ("within it" if cost["total"] <= allowed
+               else f"{cost['total'] - allowed:,.0f} µs ({cost['total'] / allowed - 1:.0%}) over it")
+    return [
+        f"What a device round costs at {n:,} devices (round {last + 1}, CPU of all processes): "
+        f"{cost['total']:,.0f} µs. SQLite {sql:,.0f} µs: {cost['open/close']:,.0f} µs reattaching and closing the "
+        f"databases that do not stay open ({n - opened:,} of the {n:,} devices{why}) and "
+        f"{cost['ledger transaction']:,.0f} µs for the "
+        f"round's transaction (compiling its statements again on a reattached connection{versus}); the agent's own "
+        f"work {agent:,.0f} µs (reading and plans {cost['reading+plan']:,.0f}, privatization "
+        f"{cost['privatize']:,.0f}, signing {cost['sign']:,.0f}, ledger mark {cost['ledger mark']:,.0f}); the "
+        f"hosts' other work {cost['host rest']:,.0f} µs; the coordinator's ingest {cost['coordinator ingest']:,.0f} "
+        f"µs; Flower/Ray and the driver {cost['Flower/Ray + driver']:,.0f} µs. A round of ≤ {LARGE_SECONDS:.0f} s on "
+        f"{cores} cores allows {allowed:,.0f} µs per device round: this is {verdict}.",
+    ]
+
+
+def _breakdown(results: dict[tuple[int, str], Any], footprints: dict[tuple[int, str], Any], cores: int) -> list[str]:
+    """Where each round's CPU went, in µs per device-round (:func:`_split`)."""
     from simulations.flower_phases import PHASES
 
     rows = []
     for (n, signature), res in results.items():
-        tree = res.extra.get("tree_cpu", [])
-        for t, summary in enumerate(res.summaries):
-            phases = _phases(res, t)
-            if not phases or t >= len(tree):
+        for t in range(len(res.summaries)):
+            cost = _split(res, t, n)
+            if cost is None:
                 continue
-            host = _host_cpu(res, t)
-            ingest = summary.cpu_ingest
-            rest_host = host - sum(phases.values())
-            other = tree[t] - host - ingest
-            cells = [1e6 * phases.get(p, 0.0) / n for p in PHASES] + [1e6 * rest_host / n, 1e6 * ingest / n,
-                                                                       1e6 * other / n]
-            rows.append(f"| {n:,} | {_KEYS[signature]} | {t + 1} | {res.round_seconds[t]:.1f} | {tree[t]:.1f} | "
-                        f"{1e6 * tree[t] / n:,.0f} | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+            tree = res.extra["tree_cpu"][t]
+            rows.append(f"| {n:,} | {_KEYS[signature]} | {t + 1} | {res.round_seconds[t]:.1f} | {tree:.1f} | "
+                        f"{cost['total']:,.0f} | " + " | ".join(f"{cost[c]:,.0f}" for c in (*PHASES, *_REST)) + " |")
     if not rows:
         return []
     return [
@@ -175,7 +253,9 @@ def _breakdown(results: dict[tuple[int, str], Any], cores: int) -> list[str]:
         "its total CPU over the cores.",
         "",
         "| devices | report keys | round | wall s | CPU s (all processes) | µs per device | "
-        + " | ".join(PHASES) + " | host rest | coordinator ingest | Flower/Ray + driver |",
+        + " | ".join(PHASES) + " | " + " | ".join(_REST) + " |",
         "| ---: | --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " | ---: | ---: | ---: |",
         *rows,
+        "",
+        *_remaining(results, footprints, cores),
     ]

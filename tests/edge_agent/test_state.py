@@ -9,7 +9,7 @@ import pytest
 from edge_agent.agent import Agent
 from edge_agent.embed import new_identity, numeric
 from edge_agent.sources import CallableSource
-from edge_agent.state import SCHEMA_VERSION, Refused, ReportRequest, State
+from edge_agent.state import HOSTED_PAGE_SIZE, SCHEMA_VERSION, Refused, ReportRequest, State
 from tests.edge_agent.signed_rounds import HYBRID_LOAD, round_config
 
 
@@ -261,6 +261,7 @@ def test_hosted_database_keeps_wal_and_full_sync_without_a_shared_memory_file(tm
         assert st._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert st._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert st._db.execute("PRAGMA locking_mode").fetchone()[0] == "exclusive"
+        assert st._db.execute("PRAGMA page_size").fetchone()[0] == HOSTED_PAGE_SIZE  # created hosted
         (c,) = _commit(st, [_req(key="a")])
         assert c.charged == 1.0 and st.ledger_max == 1
         assert not path.with_name(path.name + "-shm").exists()  # the WAL index lives in this process's memory
@@ -277,3 +278,4 @@ def test_hosted_database_keeps_wal_and_full_sync_without_a_shared_memory_file(tm
         st.close()
     with State(path) as st:  # closed: any process may open it again, everything committed is there
         assert st.spent() == 2.0 and st.check_invariants()["ok"]
+        assert st._db.execute("PRAGMA page_size").fetchone()[0] == HOSTED_PAGE_SIZE  # a database keeps its pages
