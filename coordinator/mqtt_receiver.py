@@ -11,10 +11,11 @@ paho-mqtt ≥ 2.1 (``CallbackAPIVersion.VERSION2``), QoS 1, a persistent session
 coordinator is down) and ``manual_ack=True``. A batch closes when it is full (``batch_size``) or when its first
 message is ``batch_ms`` old as the next one arrives (then in paho's network thread), or at twice ``batch_ms`` when
 no further message comes (a flusher thread) — by its age only while the coordinator has room for it: while
-:data:`MAX_BATCHES_IN_FLIGHT` batches await their commit, it grows up to ``batch_size`` (group commit). At most :data:`MAX_BATCHES_IN_FLIGHT` batches wait for the
-coordinator's commit; the next closed batches wait in the receiver, and the broker's in-flight window (MQTT 5's
-Receive Maximum, ``receive_maximum``) bounds them: paho's network thread keeps reading, so the broker's
-acknowledgements of round publications and receipts are never stuck behind a drain. Receipts are queued and handed to
+:data:`MAX_BATCHES_IN_FLIGHT` batches await their commit, it grows up to ``batch_size`` (group commit). At most
+:data:`MAX_BATCHES_IN_FLIGHT` batches wait for the coordinator's commit; the next closed batches wait in the
+receiver, and the broker's in-flight window (MQTT 5's Receive Maximum, ``receive_maximum``) bounds them: paho's
+network thread keeps reading, so the broker's acknowledgements of round publications and receipts are never stuck
+behind a drain. Receipts are queued and handed to
 paho a few hundred at a time (:data:`MAX_RECEIPTS_IN_FLIGHT`), so a round publication never waits behind them.
 
 A message is acknowledged only if it arrived on the current connection (a *generation*): after a reconnect the

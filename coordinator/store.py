@@ -18,8 +18,8 @@ hundred reports touches about one page per report and index, and the cost per re
 commits full batches under load: :mod:`coordinator.mqtt_receiver`'s group commit). Two such indexes, not four as
 before (a separate high-water table with its own key index; a ``(round_id, stream)`` index), cut the CPU of
 inserting 10⁶ reports in random device order, 2,000 per commit, by 43 % (37 → 21 s, measured once with this
-schema and the one before). A database made by an older version keeps its
-tables and indexes and works unchanged.
+schema and the one before). A database made by an older version keeps its tables and indexes and works
+unchanged.
 
 **Aggregates kept at ingest.** The same transaction adds the sufficient statistics of the reports it actually
 inserted (:class:`protocols.catalogue.Statistics`, computed by the caller's ``aggregate`` function from exactly
@@ -632,7 +632,7 @@ class SQLiteStore(_SQLStore):
     """SQLite in WAL mode with ``synchronous=FULL`` (a commit is on disk before it returns); a larger page cache and
     WAL checkpoint interval than SQLite's defaults (:data:`SQLITE_CACHE_KIB`, :data:`SQLITE_WAL_AUTOCHECKPOINT`).
 
-    A batch's reports and high-water marks are inserted :data:`SQLITE_ROWS_PER_INSERT` rows per statement: Python's
+    A batch's reports are inserted :data:`SQLITE_ROWS_PER_INSERT` rows per statement: Python's
     sqlite3 releases and re-takes the GIL around every step, and ``executemany`` steps once per row — with the
     ingest's validate thread busy, each re-take waited for the GIL (up to the 5 ms switch interval)."""
 

@@ -310,23 +310,23 @@ def _commit_rates(conn: sqlite3.Connection, gap: float) -> tuple[float, float, i
     return overall, counted / max(span, 1e-9), gaps, len(batches)
 
 
-def register(port: int, work: Path, db: Path, name: str, protocol: str) -> tuple[float, float]:
+def register(port: int, work: Path, db: Path, name: str, protocol: str) -> tuple[float, float, float]:
     """Start the coordinator ``name`` once (its persistent session and subscription) and stop it: (start-up
-    seconds, its processes' CPU seconds)."""
+    seconds, its processes' CPU seconds, the coordinator process's alone)."""
     t0 = time.perf_counter()
     coord = _start_worker(port, db, work, name, protocol, share=False)
     startup_s = time.perf_counter() - t0
-    startup_cpu = tree_cpu(coord.pid)
+    startup_cpu, startup_main = tree_cpu(coord.pid), process_cpu(coord.pid)
     coord.send_signal(signal.SIGTERM)
     coord.wait(60)
-    return startup_s, startup_cpu
+    return startup_s, startup_cpu, startup_main
 
 
-def drain(port: int, work: Path, db: Path, n: int, name: str, protocol: str, startup: tuple[float, float],
+def drain(port: int, work: Path, db: Path, n: int, name: str, protocol: str, startup: tuple[float, float, float],
           broker_pid: int | None = None) -> dict[str, Any]:
     """Start the coordinator ``name`` (restarted as the shipped systemd unit would whenever it exits) on the queue
     its session holds, and let it drain the ``n`` reports into ``db``."""
-    startup_s, startup_cpu = startup
+    startup_s, startup_cpu, startup_main = startup
     sup = _Supervisor(_worker_command(port, db, work, name, protocol, share=False), work / f"{name}.log",
                       _restart_delay())
     load_d0 = _load()
@@ -357,11 +357,12 @@ def drain(port: int, work: Path, db: Path, n: int, name: str, protocol: str, sta
     if count != n or set(counters) - {"accepted", "duplicate"}:
         raise RuntimeError(f"the drain stored {count} of {n} reports; counters {counters}")
     runs = len(sup.exits) + 1
-    return {"rate": overall, "rate_within": within, "gaps": gaps, "batches": batches, "exits": sup.exits, "errors": sup.errors(),
-            "restart_s": sup.delay, "duplicates": counters.get("duplicate", 0), "protocol": protocol,
-            "startup_s": startup_s, "startup_cpu": startup_cpu,
+    return {"rate": overall, "rate_within": within, "gaps": gaps, "batches": batches, "exits": sup.exits,
+            "errors": sup.errors(), "restart_s": sup.delay, "duplicates": counters.get("duplicate", 0),
+            "protocol": protocol, "startup_s": startup_s, "startup_cpu": startup_cpu,
             "cpu_us": 1e6 * (sup.cpu_seconds - runs * startup_cpu) / n,
-            "cpu_main_us": 1e6 * (sup.cpu_main_seconds - runs * startup_cpu) / n, "broker_cpu_us": 1e6 * broker_cpu / n,
+            "cpu_main_us": 1e6 * (sup.cpu_main_seconds - runs * startup_main) / n,
+            "broker_cpu_us": 1e6 * broker_cpu / n,
             "rss_main": sup.rss_main, "rss_receiver": sup.rss_receiver,
             "load": (load_d0, load_d1)}
 
