@@ -30,7 +30,7 @@ from typing import Literal
 
 from protocols.errors import BrokerUnavailable
 
-__all__ = ["Broker", "BrokerUnavailable", "MosquittoOptions", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python",
+__all__ = ["Broker", "BrokerUnavailable", "MosquittoOptions", "shipped_option", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python",
            "die_with_parent", "dynsec_plugin", "shipped_tls_conf"]
 
 Kind = Literal["auto", "mosquitto", "amqtt"]
@@ -74,6 +74,16 @@ def dynsec_plugin() -> str | None:
     found = sorted(Path("/usr/lib").glob("*/mosquitto_dynamic_security.so")) + sorted(
         Path("/usr/lib").glob("mosquitto_dynamic_security.so"))
     return str(found[0]) if found else None
+
+
+def shipped_option(name: str) -> str:
+    """The value of option ``name`` in the shipped broker configuration (deploy/mosquitto/haarvest.conf);
+    KeyError if it does not set it."""
+    for line in (DEPLOY / "mosquitto" / "haarvest.conf").read_text().splitlines():
+        words = line.split(None, 1)
+        if len(words) == 2 and words[0] == name:
+            return words[1].strip()
+    raise KeyError(f"deploy/mosquitto/haarvest.conf does not set {name}")
 
 
 def shipped_tls_conf(workdir: Path, pki: Path, port: int, host: str = "127.0.0.1") -> str:
@@ -183,7 +193,8 @@ def _await_listening(broker: Broker, timeout: float = 10.0) -> None:
 
 def _start_mosquitto(exe: str, workdir: Path, host: str, port: int, options: "MosquittoOptions") -> Broker:
     conf = workdir / "mosquitto.conf"
-    persistence = (["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"]
+    persistence = (["persistence true", f"persistence_location {workdir}/",
+                    f"autosave_interval {options.autosave_interval}"]
                    if options.persistence else ["persistence false"])
     if options.conf is None:
         lines = [
@@ -214,7 +225,11 @@ def _start_mosquitto(exe: str, workdir: Path, host: str, port: int, options: "Mo
 class MosquittoOptions:
     """mosquitto settings of a throwaway broker: ``persistence`` keeps sessions and queued messages across a restart
     (in the broker's work directory), ``max_queued`` messages per offline session, ``max_inflight`` QoS 1/2
-    messages per client (0: no limit), and ``extra_conf`` lines appended to the generated mosquitto.conf.
+    messages per client (0: no limit), and ``extra_conf`` lines appended to the generated mosquitto.conf. With
+    persistence, the broker writes its whole state (sessions and every queued message) every ``autosave_interval``
+    seconds when something changed: 1 s by default, so that a test's restart finds what was just queued; the
+    shipped configuration's value (:func:`shipped_option`) for a run that measures the broker as deployed — a
+    save of a million queued reports every second costs the broker more CPU than delivering them.
 
     ``conf``: a whole configuration (e.g. :func:`shipped_tls_conf`) used instead of the generated listener,
     anonymous-access, queue and log lines (``max_queued``/``max_inflight`` then do not apply); it must open a
@@ -224,6 +239,7 @@ class MosquittoOptions:
     persistence: bool = False
     max_queued: int = 100_000
     max_inflight: int = 100
+    autosave_interval: int = 1
     extra_conf: str = ""
     conf: str | None = None
 

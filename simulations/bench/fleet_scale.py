@@ -1,8 +1,8 @@
 """Fleet scale: one round of N enrolled devices through a real mosquitto into one coordinator, then its estimates.
 
 A million-device round: N = 10⁶ by default (``HAARVEST_BENCH_FLEET_N`` or ``--devices`` to change it; ``--quick`` /
-``make bench BENCH_ARGS=--quick``: 2,000). Measured in one run, on one spawned mosquitto (persistence on, loopback,
-QoS 1):
+``make bench BENCH_ARGS=--quick``: 2,000). Measured in one run, on one spawned mosquitto (persistence on and
+saved as often as the shipped broker saves it — ``autosave_interval`` —, loopback, QoS 1):
 
 * **enrolment** — N devices with HMAC-SHA256 report keys (:mod:`protocols.wire`; an Ed25519 signature costs far more
   to verify: the ingest section measures both) enrolled in the store in one transaction
@@ -72,7 +72,7 @@ from protocols.contract import StreamSpec, make_body, normalise
 from simulations.proc_stats import children, peak_rss, process_cpu, tree_cpu
 from coordinator.mqtt_receiver import IngestSettings
 from simulations.bench.ingest import _mosquitto_pub_lines, _start_worker, _worker_command
-from simulations.broker import MosquittoOptions, start_broker
+from simulations.broker import MosquittoOptions, shipped_option, start_broker
 
 ROUND = "fleet"
 FULL_N = 1_000_000
@@ -483,9 +483,11 @@ def measure(n: int, protocols: tuple[str, ...] = PROTOCOLS, reps: int = 20, old_
                            "date": time.strftime("%Y-%m-%d")}
     work = Path(tempfile.mkdtemp(prefix="haarvest-bench-fleet-"))
     # each coordinator session may hold the whole round queued, and gets the in-flight window the receiver asks
-    # MQTT 5 brokers for (Receive Maximum) over MQTT 3.1.1 too, where the broker's max_inflight_messages sets it
+    # MQTT 5 brokers for (Receive Maximum) over MQTT 3.1.1 too, where the broker's max_inflight_messages sets it;
+    # the broker saves its state as often as the shipped one does
     broker = start_broker(work / "broker", "mosquitto", options=MosquittoOptions(
-        persistence=True, max_queued=n + 1000, max_inflight=IngestSettings().receive_maximum))
+        persistence=True, max_queued=n + 1000, max_inflight=IngestSettings().receive_maximum,
+        autosave_interval=int(shipped_option("autosave_interval"))))
     try:
         fleet = Fleet(n)
         db = work / "fleet.db"
@@ -640,7 +642,8 @@ def render(res: dict[str, Any]) -> str:
         + ", ".join(_stream_text(name, st) for name, st in res["streams"].items())
         + f" — each device reporting one stream: {n:,} reports of {res['size']:.0f} bytes on average, privatized "
         f"and signed in {res['sign_s']:.0f} s to a file, in a random arrival order. One mosquitto on loopback "
-        f"(persistence on, a queue of up to {n:,} messages per session, an in-flight window of "
+        f"(persistence on, saved every {shipped_option('autosave_interval')} s as the shipped broker is, a queue of up "
+        f"to {n:,} messages per session, an in-flight window of "
         f"{IngestSettings().receive_maximum:,} messages per client: the receiver's MQTT 5 Receive Maximum, and the "
         "broker's `max_inflight_messages` for MQTT 3.1.1), QoS 1. The coordinator is `haarvest coordinator run` "
         f"(batch ≤ 2000 / 20 ms, each batch validated while the previous one commits; SQLite WAL synchronous=FULL, "

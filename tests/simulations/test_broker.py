@@ -29,6 +29,7 @@ def test_persistent_mosquitto_keeps_queued_messages_across_restart(tmp_path):
     with start_broker(tmp_path, "mosquitto", options=options) as b:
         conf = (tmp_path / "mosquitto.conf").read_text()
         assert "persistence true" in conf and "max_queued_messages 7" in conf and "max_inflight_messages 0" in conf
+        assert "autosave_interval 1\n" in conf  # a test's restart finds what was just queued
         assert conf.endswith("# extra line\n")
         assert _queued_message_survives_restart(b) == b"kept"
     assert b.proc.poll() is not None
@@ -53,3 +54,16 @@ def test_given_configuration_replaces_the_generated_one(tmp_path):
         assert given in conf and "persistence true" in conf and conf.endswith("# extra line\n")
         assert conf.count("listener ") == 1 and "max_queued_messages 100000" not in conf
         assert _queued_message_survives_restart(b) == b"kept"
+
+
+def test_shipped_option_reads_the_shipped_broker_configuration(tmp_path):
+    """The fleet-scale bench saves its broker's state as often as the shipped configuration does; an option the
+    shipped file does not set is a KeyError, and the value reaches the generated configuration."""
+    assert int(broker_mod.shipped_option("autosave_interval")) >= 1
+    assert broker_mod.shipped_option("max_inflight_messages") == "10000"
+    with pytest.raises(KeyError):
+        broker_mod.shipped_option("no_such_option")
+    if mosquitto_path() is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    with start_broker(tmp_path, "mosquitto", options=MosquittoOptions(persistence=True, autosave_interval=30)):
+        assert "autosave_interval 30\n" in (tmp_path / "mosquitto.conf").read_text()
