@@ -80,13 +80,14 @@ MAX_BATCHES_IN_FLIGHT = 3
 #: Receipts waiting to be published, at most: past it a receipt is dropped and counted (its device re-sends and is
 #: receipted as a duplicate).
 MAX_RECEIPTS_QUEUED = 10_000
-#: Receipts published and not yet acknowledged by the broker, at most. Below :data:`MAX_OUTGOING_IN_FLIGHT`, so that
-#: receipts never fill paho's in-flight window: a round publication is sent at once, never queued behind a drain's
-#: receipts (in the fleet-scale bench it waited behind them long enough for the coordinator's start-up republication
-#: to time out, and an unbounded receipt backlog once exhausted paho's 65,535 message ids: ERR_QUEUE_SIZE).
+#: Receipts published and not yet acknowledged by the broker, at most. paho's own in-flight window is off
+#: (``max_inflight_messages_set(0)``: every publish goes out at once), so this bound is what keeps an unbounded
+#: receipt backlog from exhausting paho's 65,535 message ids (ERR_QUEUE_SIZE, seen once) and from crowding a round
+#: publication (in the fleet-scale bench a publication queued behind a drain's receipts in paho's window, long
+#: enough for the coordinator's start-up republication to time out). paho's window is off because with one, every
+#: acknowledgement scans every message in flight for a queued one (``Client._update_inflight``): with hundreds of
+#: receipts in flight, a large share of the receiver's CPU in a drain (py-spy).
 MAX_RECEIPTS_IN_FLIGHT = 500
-#: Outgoing QoS 1 publishes paho keeps in flight at once (paho's default is 20).
-MAX_OUTGOING_IN_FLIGHT = 1000
 #: On a draining stop, how long to wait for the coordinator to commit what was handed over.
 DRAIN_TIMEOUT = 20.0
 #: ``protocol="auto"``: a TCP connection without CONNACK for this long counts as a refusal of MQTT 5 (amqtt
@@ -112,7 +113,7 @@ class IngestSettings:
     batch_size: int = defaults.BATCH_SIZE
     batch_ms: float = defaults.BATCH_MS
     keepalive: int = 30
-    receive_maximum: int = 10000
+    receive_maximum: int = defaults.RECEIVE_MAXIMUM
     username: str | None = None
     password: str | None = None
     tls_ca: str | None = None  # CA file; given (or tls_cert, or tls) → TLS
@@ -155,7 +156,7 @@ def new_client(settings: IngestSettings, protocol: int) -> mqtt.Client:
                                    password=settings.password, tls=settings.use_tls, ca_certs=settings.tls_ca,
                                    certfile=settings.tls_cert, keyfile=settings.tls_key, manual_ack=True)
     client.max_queued_messages_set(0)
-    client.max_inflight_messages_set(MAX_OUTGOING_IN_FLIGHT)
+    client.max_inflight_messages_set(0)  # no paho window: MAX_RECEIPTS_IN_FLIGHT bounds what is in flight
     client.reconnect_delay_set(0.1, 5)
     return client
 

@@ -15,8 +15,8 @@ saved as often as the shipped broker saves it — ``autosave_interval`` —, loo
 * **raw, mosquitto_pub** — the same payloads from that file through ``mosquitto_pub -l -q 1`` (in chunks, one
   process after the other: :data:`simulations.bench.ingest.PUB_CHUNK`) to ``mosquitto_sub -q 1 -C N``: the broker's
   rate with C clients at both ends, in this run;
-* **coordinator, drain** — ``haarvest coordinator run`` in its own process, as deployed, the ingest section's batch
-  settings, once over MQTT 5 (the default) and once over MQTT 3.1.1 (the throughput setting: paho parses its
+* **coordinator, drain** — ``haarvest coordinator run`` in its own process, as deployed (its default batch size,
+  :data:`coordinator.defaults.BATCH_SIZE`; the ingest section's 20 ms), once over MQTT 5 (the default) and once over MQTT 3.1.1 (the throughput setting: paho parses its
   acknowledgements without MQTT 5's properties), each with a store and a persistent session of its own
   (``HAARVEST_BENCH_FLEET_MQTT=5`` or ``=3.1.1`` for one of them only). In turn, each registers its session and
   stops; a paho publisher process puts the N reports on their per-device topics (the broker queues them for that
@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator import defaults
 from coordinator.rounds import RoundManager
 from coordinator.simfleet import SimDevice
 from coordinator.store import SQLITE_CACHE_KIB, SQLiteStore, StoredReport
@@ -327,7 +328,7 @@ def drain(port: int, work: Path, db: Path, n: int, name: str, protocol: str, sta
     """Start the coordinator ``name`` (restarted as the shipped systemd unit would whenever it exits) on the queue
     its session holds, and let it drain the ``n`` reports into ``db``."""
     startup_s, startup_cpu, startup_main = startup
-    sup = _Supervisor(_worker_command(port, db, work, name, protocol, share=False), work / f"{name}.log",
+    sup = _Supervisor(_worker_command(port, db, work, name, protocol, share=False, batch_size=None), work / f"{name}.log",
                       _restart_delay())
     load_d0 = _load()
     broker_cpu0 = process_cpu(broker_pid) if broker_pid else 0.0
@@ -646,7 +647,7 @@ def render(res: dict[str, Any]) -> str:
         f"to {n:,} messages per session, an in-flight window of "
         f"{IngestSettings().receive_maximum:,} messages per client: the receiver's MQTT 5 Receive Maximum, and the "
         "broker's `max_inflight_messages` for MQTT 3.1.1), QoS 1. The coordinator is `haarvest coordinator run` "
-        f"(batch ≤ 2000 / 20 ms, each batch validated while the previous one commits; SQLite WAL synchronous=FULL, "
+        f"(batch ≤ {defaults.BATCH_SIZE:,} / 20 ms, each batch validated while the previous one commits; SQLite WAL synchronous=FULL, "
         f"a {SQLITE_CACHE_KIB // 1024} MiB page cache, the stream aggregates in "
         f"the same transaction), over {protocols} (its default, and the throughput setting whose "
         "acknowledgements paho parses without MQTT 5's properties), each into a store of its own, draining in "

@@ -142,11 +142,14 @@ def _raw_paho(port: int, reports: list[tuple[str, bytes]]) -> float:
     return rate
 
 
-def _worker_command(port: int, db: Path, work: Path, name: str, protocol: str, share: bool) -> list[str]:
-    """The ``haarvest coordinator run`` command line of a benchmark coordinator."""
+def _worker_command(port: int, db: Path, work: Path, name: str, protocol: str, share: bool,
+                    batch_size: int | None = 2000) -> list[str]:
+    """The ``haarvest coordinator run`` command line of a benchmark coordinator (``batch_size`` None: the
+    coordinator's default)."""
     cmd = [sys.executable, "-m", "coordinator.cli", "coordinator", "run", "--db", str(db), "--key", str(work / "key"),
-           "--mqtt-port", str(port), "--client-id", f"bench-{name}", "--batch-size", "2000", "--batch-ms", "20",
-           "--mqtt-protocol", protocol]
+           "--mqtt-port", str(port), "--client-id", f"bench-{name}", "--batch-ms", "20", "--mqtt-protocol", protocol]
+    if batch_size is not None:
+        cmd += ["--batch-size", str(batch_size)]
     # a group per drain: mosquitto keeps handing a share of the group's messages to the persistent sessions of
     # members that are offline (an earlier drain's workers), which would hold them until those reconnect
     return cmd + ["--share-group", f"bench-{name.rsplit('-', 1)[0]}"] if share else cmd

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from protocols.errors import BrokerUnavailable
+from coordinator.mqtt_receiver import MAX_BATCHES_IN_FLIGHT, IngestSettings
 from simulations import broker as broker_mod
 from simulations.broker import MosquittoOptions, mosquitto_path, start_broker
 
@@ -60,7 +61,9 @@ def test_shipped_option_reads_the_shipped_broker_configuration(tmp_path):
     """The fleet-scale bench saves its broker's state as often as the shipped configuration does; an option the
     shipped file does not set is a KeyError, and the value reaches the generated configuration."""
     assert int(broker_mod.shipped_option("autosave_interval")) >= 1
-    assert broker_mod.shipped_option("max_inflight_messages") == "10000"
+    # an MQTT 3.1.1 coordinator gets the window an MQTT 5 one asks for (its batches in flight, and one filling)
+    assert int(broker_mod.shipped_option("max_inflight_messages")) == IngestSettings().receive_maximum
+    assert IngestSettings().receive_maximum >= (MAX_BATCHES_IN_FLIGHT + 1) * IngestSettings().batch_size
     with pytest.raises(KeyError):
         broker_mod.shipped_option("no_such_option")
     if mosquitto_path() is None:
