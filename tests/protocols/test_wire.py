@@ -207,3 +207,24 @@ def test_verify_from_received_bytes_moving_the_signature_is_caught(algorithm):
 def test_verify_with_a_text_payload_uses_the_canonical_check():
     payload, topic, verify = _signed("hmac-sha256", {"y": [0.5]})
     wire.verify_report(wire.decode_report(payload.decode()), topic, verify, payload.decode())
+
+
+@pytest.mark.parametrize("obj", [
+    {"b": [1, 2.5, -0.0, 1e300, 0.1 + 0.2], "a": "é\"\\\n\u2028x", "z": {"y": None, "x": True, "w": False}},
+    "a string", 5, 2**70, [], {}, [[{"k": [1]}]],
+])
+def test_canonical_json_is_the_standard_encoders_sorted_compact_ascii_output(obj):
+    """The encoder built once (:data:`wire._CANONICAL_C`) writes exactly what ``json.JSONEncoder`` with the same
+    settings writes, and refuses NaN/inf (ValueError) and unencodable objects (TypeError) as it does."""
+    import json
+
+    reference = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    assert wire.canonical_json_text(obj) == reference.encode(obj)
+    assert wire.canonical_json(obj) == reference.encode(obj).encode()
+
+
+@pytest.mark.parametrize("bad, error", [(float("nan"), ValueError), ({"a": [float("inf")]}, ValueError),
+                                        ({"a": object()}, TypeError), ({1j: 1}, TypeError)])
+def test_canonical_json_refuses_what_json_cannot_encode(bad, error):
+    with pytest.raises(error):
+        wire.canonical_json(bad)
