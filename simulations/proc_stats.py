@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_cpu", "children", "tree_cpu", "peak_rss", "rss"]
+__all__ = ["process_cpu", "children", "tree_cpu", "peak_rss", "rss", "python_speed"]
 
 
 def _stat(pid: int) -> list[bytes]:
@@ -78,3 +78,19 @@ def peak_rss(pid: int) -> int:
 def rss(pid: int) -> int:
     """VmRSS (resident set now) of a live process, bytes."""
     return _status_bytes(pid, "VmRSS")
+
+
+def python_speed(steps: int = 1_000_000, repeat: int = 3) -> float:
+    """Nanoseconds per step of a fixed pure-Python loop (the best of ``repeat`` runs): how fast this machine runs
+    Python at the moment, to read a benchmark's rates beside. On a shared virtual machine it changes between runs
+    of the same code — the rates of CPU-bound Python with it, those of a latency-bound C client far less."""
+    import time
+
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(steps):
+            total += i ^ (i >> 3)
+        best = min(best, time.perf_counter() - t0)
+    return 1e9 * best / steps

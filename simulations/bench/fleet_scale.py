@@ -70,7 +70,7 @@ from coordinator.simfleet import SimDevice
 from coordinator.store import SQLITE_CACHE_KIB, SQLiteStore, StoredReport
 from protocols import wire
 from protocols.contract import StreamSpec, make_body, normalise
-from simulations.proc_stats import children, peak_rss, process_cpu, tree_cpu
+from simulations.proc_stats import children, peak_rss, process_cpu, python_speed, tree_cpu
 from coordinator.mqtt_receiver import IngestSettings
 from simulations.bench.ingest import _mosquitto_pub_lines, _start_worker, _worker_command
 from simulations.broker import MosquittoOptions, shipped_option, start_broker
@@ -480,7 +480,7 @@ def _slug(protocol: str) -> str:
 def measure(n: int, protocols: tuple[str, ...] = PROTOCOLS, reps: int = 20, old_reps: int = 5) -> dict[str, Any]:
     """Every measurement of the section (see the module docstring), as plain data for :func:`render`."""
     res: dict[str, Any] = {"n": n, "protocols": list(protocols), "reps": reps, "old_reps": old_reps,
-                           "old_reps_full": max(2, old_reps // 2), "load_start": _load(),
+                           "old_reps_full": max(2, old_reps // 2), "load_start": _load(), "speed_start": python_speed(),
                            "date": time.strftime("%Y-%m-%d")}
     work = Path(tempfile.mkdtemp(prefix="haarvest-bench-fleet-"))
     # each coordinator session may hold the whole round queued, and gets the in-flight window the receiver asks
@@ -553,6 +553,7 @@ def measure(n: int, protocols: tuple[str, ...] = PROTOCOLS, reps: int = 20, old_
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
     res["load_end"] = _load()
+    res["speed_end"] = python_speed()
     return res
 
 
@@ -653,7 +654,10 @@ def render(res: dict[str, Any]) -> str:
         "acknowledgements paho parses without MQTT 5's properties), each into a store of its own, draining in "
         "turn the queue the broker kept for its persistent session while it was stopped (the round queued for "
         f"each coordinator alone, just before its drain). Load average (1 min) {res['load_start']} at the start, "
-        f"{res['load_end']} at the end; 2 cores.",
+        f"{res['load_end']} at the end; 2 cores. A fixed pure-Python loop "
+        f"(:func:`simulations.proc_stats.python_speed`) took {res['speed_start']:.0f} ns per step at the start and "
+        f"{res['speed_end']:.0f} at the end: this shared virtual machine's speed changes between runs, and the "
+        "coordinator's CPU-bound Python with it, mosquitto_pub's rate far less.",
         "",
         "| path | reports/s | vs mosquitto_pub | note |",
         "|---|---:|---:|---|",

@@ -35,3 +35,10 @@ def test_a_gone_process_raises_and_the_tree_of_nothing_is_zero():
     with pytest.raises(OSError):
         process_cpu(proc.pid)
     assert tree_cpu(proc.pid) == 0.0
+
+
+def test_python_speed_is_a_positive_time_per_step():
+    """The machine-speed reading the fleet-scale bench prints beside its rates."""
+    from simulations.proc_stats import python_speed
+
+    assert 0 < python_speed(steps=10_000, repeat=2) < 1e6
