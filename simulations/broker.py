@@ -30,8 +30,8 @@ from typing import Literal
 
 from protocols.errors import BrokerUnavailable
 
-__all__ = ["Broker", "BrokerUnavailable", "MosquittoOptions", "shipped_option", "start_broker", "free_port", "wait_port", "mosquitto_path", "amqtt_python",
-           "die_with_parent", "dynsec_plugin", "shipped_tls_conf"]
+__all__ = ["Broker", "BrokerUnavailable", "MosquittoOptions", "shipped_option", "start_broker", "free_port",
+           "wait_port", "mosquitto_path", "amqtt_python", "die_with_parent", "dynsec_plugin", "shipped_tls_conf"]
 
 Kind = Literal["auto", "mosquitto", "amqtt"]
 

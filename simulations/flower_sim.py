@@ -783,8 +783,8 @@ def run_flower_simulation(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``haarvest simulate flower``."""
     parser.add_argument("--devices", type=int, default=1000, help="simulated devices (default 1000)")
-    parser.add_argument("--shard-size", type=int, default=None, help="devices per virtual SuperNode (default: about 2,500, at least 10 "
-                        "nodes per worker)")
+    parser.add_argument("--shard-size", type=int, default=None,
+                        help="devices per virtual SuperNode (default: about 2,500, at least 10 nodes per worker)")
     parser.add_argument("--nodes", type=int, default=None, help="virtual SuperNodes (alternative to --shard-size)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0, help="data seed (device noise always uses OS entropy)")

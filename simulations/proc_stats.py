@@ -1,4 +1,5 @@
-"""CPU and memory of processes from Linux's ``/proc``, for the benchmarks: one process, its children, its tree.
+"""CPU and memory of processes from Linux's ``/proc``, for the benchmarks: one process, its children, its tree;
+and how fast this machine runs Python at the moment (:func:`python_speed`).
 
 ``/proc/<pid>/stat`` fields after the command name: utime, stime, cutime, cstime are the 12th–15th (clock ticks;
 cutime/cstime hold the children the process has reaped). Functions raise OSError for a process that is gone, except
@@ -8,6 +9,7 @@ cutime/cstime hold the children the process has reaped). Functions raise OSError
 from __future__ import annotations
 
 import os
+import time
 
 __all__ = ["process_cpu", "children", "tree_cpu", "peak_rss", "rss", "python_speed"]
 
@@ -84,8 +86,6 @@ def python_speed(steps: int = 1_000_000, repeat: int = 3) -> float:
     """Nanoseconds per step of a fixed pure-Python loop (the best of ``repeat`` runs): how fast this machine runs
     Python at the moment, to read a benchmark's rates beside. On a shared virtual machine it changes between runs
     of the same code — the rates of CPU-bound Python with it, those of a latency-bound C client far less."""
-    import time
-
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()

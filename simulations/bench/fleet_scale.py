@@ -16,15 +16,16 @@ saved as often as the shipped broker saves it — ``autosave_interval`` —, loo
   process after the other: :data:`simulations.bench.ingest.PUB_CHUNK`) to ``mosquitto_sub -q 1 -C N``: the broker's
   rate with C clients at both ends, in this run;
 * **coordinator, drain** — ``haarvest coordinator run`` in its own process, as deployed (its default batch size,
-  :data:`coordinator.defaults.BATCH_SIZE`; the ingest section's 20 ms), once over MQTT 5 (the default) and once over MQTT 3.1.1 (the throughput setting: paho parses its
-  acknowledgements without MQTT 5's properties), each with a store and a persistent session of its own
+  :data:`coordinator.defaults.BATCH_SIZE`; the ingest section's 20 ms), once over MQTT 5 (the default) and once
+  over MQTT 3.1.1 (the throughput setting: paho parses its acknowledgements without MQTT 5's properties), each with
+  a store and a persistent session of its own
   (``HAARVEST_BENCH_FLEET_MQTT=5`` or ``=3.1.1`` for one of them only). In turn, each registers its session and
   stops; a paho publisher process puts the N reports on their per-device topics (the broker queues them for that
   session alone — mosquitto's CPU per delivered message grows with the messages it holds —: its queue limit is
   raised to N here — the shipped broker configuration keeps fewer —, and its in-flight window per client is the
-  receiver's Receive Maximum for both protocols); then the coordinator starts again and drains its queue — validate (decode, topic binding, registry, signature, round, support, replay) +
-  durable SQLite commit with the stream aggregates + PUBACK after the commit + a receipt per device. Should it
-  exit, it is restarted as the shipped systemd unit would (``Restart=always``, after its ``RestartSec``), and the
+  receiver's Receive Maximum for both protocols); then the coordinator starts again and drains its queue —
+  validate (decode, topic binding, registry, signature, round, support, replay) + durable SQLite commit with the
+  stream aggregates + PUBACK after the commit + a receipt per device. Should it exit, it is restarted as the shipped systemd unit would (``Restart=always``, after its ``RestartSec``), and the
   exits and what the coordinator said are reported. The rate is taken over the stored commit timestamps (the
   first batch, received before the first timestamp, left out) — from the first to the last commit, and, when
   there were exits, within the coordinator's runs; the ratio to the mosquitto_pub rate is the issue's target
@@ -328,8 +329,8 @@ def drain(port: int, work: Path, db: Path, n: int, name: str, protocol: str, sta
     """Start the coordinator ``name`` (restarted as the shipped systemd unit would whenever it exits) on the queue
     its session holds, and let it drain the ``n`` reports into ``db``."""
     startup_s, startup_cpu, startup_main = startup
-    sup = _Supervisor(_worker_command(port, db, work, name, protocol, share=False, batch_size=None), work / f"{name}.log",
-                      _restart_delay())
+    sup = _Supervisor(_worker_command(port, db, work, name, protocol, share=False, batch_size=None),
+                      work / f"{name}.log", _restart_delay())
     load_d0 = _load()
     broker_cpu0 = process_cpu(broker_pid) if broker_pid else 0.0
     sup.start()
@@ -471,6 +472,11 @@ def sizes_for(n: int) -> list[int]:
 
 
 # --- the run --------------------------------------------------------------------------------------------------------
+
+
+#: what each protocol is to the coordinator, for the section's text
+_PROTOCOL_ROLE = {"5": "its default",
+                  "3.1.1": "the throughput setting, whose acknowledgements paho parses without MQTT 5's properties"}
 
 
 def _slug(protocol: str) -> str:
@@ -634,7 +640,8 @@ def render(res: dict[str, Any]) -> str:
     d = drains[0]
     lat = res["latency"]
     rss = d["rss_main"] + d["rss_receiver"]
-    protocols = " and ".join(f"MQTT {x['protocol']}" for x in drains)
+    protocols = " and ".join(f"MQTT {x['protocol']} ({_PROTOCOL_ROLE.get(x['protocol'], 'a setting')})"
+                             for x in drains)
     out = [
         "## Fleet scale: one round, one coordinator",
         "",
@@ -648,10 +655,9 @@ def render(res: dict[str, Any]) -> str:
         f"to {n:,} messages per session, an in-flight window of "
         f"{IngestSettings().receive_maximum:,} messages per client: the receiver's MQTT 5 Receive Maximum, and the "
         "broker's `max_inflight_messages` for MQTT 3.1.1), QoS 1. The coordinator is `haarvest coordinator run` "
-        f"(batch ≤ {defaults.BATCH_SIZE:,} / 20 ms, each batch validated while the previous one commits; SQLite WAL synchronous=FULL, "
-        f"a {SQLITE_CACHE_KIB // 1024} MiB page cache, the stream aggregates in "
-        f"the same transaction), over {protocols} (its default, and the throughput setting whose "
-        "acknowledgements paho parses without MQTT 5's properties), each into a store of its own, draining in "
+        f"(batch ≤ {defaults.BATCH_SIZE:,} / 20 ms, each batch validated while the previous one commits; SQLite WAL "
+        f"synchronous=FULL, a {SQLITE_CACHE_KIB // 1024} MiB page cache, the stream aggregates in the same "
+        f"transaction), over {protocols}, each into a store of its own, draining in "
         "turn the queue the broker kept for its persistent session while it was stopped (the round queued for "
         f"each coordinator alone, just before its drain). Load average (1 min) {res['load_start']} at the start, "
         f"{res['load_end']} at the end; 2 cores. A fixed pure-Python loop "

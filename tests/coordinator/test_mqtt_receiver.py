@@ -38,8 +38,8 @@ def test_bad_settings_are_refused_before_anything_starts(change, message):
 
 def test_the_receipt_backlog_is_bounded_and_drains_as_the_broker_acknowledges(monkeypatch):
     """Receipts are handed to paho a few at a time (paho's own window is off, so nothing queues there and a round
-    publication goes out at once) and each acknowledgement hands over the next; past the queue's cap a receipt is dropped and
-    counted."""
+    publication goes out at once) and each acknowledgement hands over the next; past the queue's cap a receipt is
+    dropped and counted."""
     import multiprocessing
     import types
 
