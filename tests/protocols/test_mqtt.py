@@ -109,3 +109,79 @@ def test_the_receiver_builds_its_client_with_the_shared_setup(protocol):
         assert getattr(theirs, "_clean_session", None) == getattr(ours, "_clean_session", None)
         for attr in ("verify_mode", "check_hostname", "protocol"):
             assert getattr(theirs._ssl_context, attr) == getattr(ours._ssl_context, attr), attr
+
+
+def _paho_behaviour() -> list:
+    """What paho's Properties and ReasonCode do, observably: every property on every packet type (accepted or the
+    error), its encoding, the decoding of that encoding, re-use of one object (clear), and every reason code's
+    name and value on every packet type."""
+    from paho.mqtt.properties import Properties
+
+    samples = {0: 1, 1: 7, 2: 70_000, 3: 300, 4: b"\x01\x02", 5: "ab", 6: ("k", "v")}
+    packet_types = [*range(1, 16), PacketTypes.WILLMESSAGE]
+    table = Properties(PacketTypes.PUBLISH)
+    seen: list = []
+    reused = {packet: Properties(packet) for packet in packet_types}  # one object per packet type, re-used
+    for name, ident in table.names.items():
+        kind = table.properties[ident][0]
+        for packet in packet_types:
+            props = Properties(packet)
+            try:
+                setattr(props, name, samples[kind])
+                if ident in (11, 38):
+                    setattr(props, name, samples[kind])  # these may repeat
+                packed = props.pack()
+            except Exception as exc:  # noqa: BLE001 - the refusal is the behaviour compared
+                seen.append((name, packet, type(exc).__name__, str(exc)))
+                continue
+            decoded, length = Properties(packet).unpack(packed)
+            reused[packet].unpack(packed)
+            seen.append((name, packet, packed, length, decoded.json(), str(decoded), decoded.isEmpty(),
+                         reused[packet].json()))
+    for packet, props in reused.items():
+        props.unpack(b"\x00")
+        seen.append(("cleared", packet, props.json(), props.isEmpty(), str(props)))
+    try:
+        Properties(PacketTypes.PUBLISH).NoSuchProperty = 1
+    except Exception as exc:  # noqa: BLE001
+        seen.append(("unknown", type(exc).__name__, str(exc)))
+    for code, names in ReasonCode.names.items():
+        for packet in packet_types:
+            for attempt in ({"identifier": code}, {"aName": next(iter(names))}):
+                try:
+                    reason = ReasonCode(packet, **attempt)
+                    seen.append((code, packet, reason.value, reason.getName(), repr(reason)))
+                except Exception as exc:  # noqa: BLE001
+                    seen.append((code, packet, type(exc).__name__, str(exc)))
+    seen.append(("default", [(ReasonCode(p).value, str(ReasonCode(p))) for p in (PacketTypes.PUBACK,
+                                                                                  PacketTypes.DISCONNECT)]))
+    return seen
+
+
+def test_sharing_pahos_tables_changes_nothing_paho_does():
+    """``share_paho_tables`` (applied by every client haarvest builds) only stops paho rebuilding constant tables:
+    everything Properties and ReasonCode encode, decode, accept and refuse is what paho's own classes do."""
+    was_shared = setup.share_paho_tables()
+    assert was_shared, "paho's Properties/ReasonCode layout changed: the shim no longer applies"
+    setup._unshare_paho_tables()
+    try:
+        theirs = _paho_behaviour()
+        assert setup.share_paho_tables()
+        assert setup.share_paho_tables()  # idempotent
+        ours = _paho_behaviour()
+    finally:
+        setup.share_paho_tables()
+    assert len(theirs) > 1000 and ours == theirs
+
+
+def test_shared_tables_are_not_rebuilt_per_packet():
+    from paho.mqtt import _packet
+    from paho.mqtt.enums import MQTTProtocolVersion
+    from paho.mqtt.properties import Properties
+
+    setup.new_client("dev-1", mqtt.MQTTv5, persistent=False)  # applies the shim
+    first, second = Properties(PacketTypes.PUBLISH), Properties(PacketTypes.PUBACK)
+    assert first.names is second.names and first.properties is second.properties and first.types is second.types
+    mid, reason, props = _packet._decode_mid_reason_prop(PacketTypes.PUBACK, b"\x00\x07\x10\x00",
+                                                          MQTTProtocolVersion.MQTTv5)
+    assert (mid, reason.value, str(reason), props.isEmpty()) == (7, 0x10, "No matching subscribers", True)
