@@ -1,7 +1,7 @@
 """The MQTT half of ingest, run in its own process: receive reports, hand them to the coordinator in batches,
 acknowledge each batch only when the coordinator says it is committed.
 
-Why a process: paho's receive path is pure Python (acknowledgements included; dearer over MQTT 5 than over 3.1.1)
+Why a process: paho's receive path is pure Python (acknowledgements included)
 and so is the coordinator's validate-and-commit. In one process the two take turns on the GIL; in two they overlap
 on two cores while the coordinator keeps one writer (the CPU per report of each configuration is measured in the
 "Coordinator ingest" section of ``make bench``). The receiver knows nothing of devices, signatures or the store: it
@@ -26,12 +26,13 @@ coordinator stops it in order).
 
 Protocol: ``"5"`` connects with ``clean_start=False`` and a 7-day session expiry; ``"3.1.1"`` with
 ``clean_session=False``; ``"auto"`` tries MQTT 5 and falls back to 3.1.1 for good when the broker refuses the
-protocol version or closes the connection before any CONNACK. MQTT 3.1.1 is the throughput setting (paho parses
-MQTT 5 properties in Python); MQTT 5 is the default because its PUBACK reason codes tell ``coordinator rounds open``
-that the broker's ACL refused a round. Shared subscriptions ``$share/<group>/...`` let several coordinators split a
-fleet (mosquitto ≥ 1.6 grants them to MQTT 3.1.1 clients too; amqtt has none). The client settings and the fall-back
-rule are :mod:`protocols.mqtt`'s (shared with the device and the round publisher); the receiver process imports only
-it and paho — no numpy, pydantic or cryptography (a test checks).
+protocol version or closes the connection before any CONNACK. MQTT 5 is the default because its PUBACK reason codes
+tell ``coordinator rounds open`` that the broker's ACL refused a round; it costs the receiver about as much CPU as
+MQTT 3.1.1 since :func:`protocols.mqtt.share_paho_tables` (which :func:`protocols.mqtt.new_client` applies) stopped paho
+rebuilding its MQTT 5 tables for every packet. Shared subscriptions ``$share/<group>/...`` let several coordinators
+split a fleet (mosquitto ≥ 1.6 grants them to MQTT 3.1.1 clients too; amqtt has none). The client settings and the
+fall-back rule are :mod:`protocols.mqtt`'s (shared with the device and the round publisher); the receiver process
+imports only it and paho — no numpy, pydantic or cryptography (a test checks).
 
 The pipe (a socketpair carrying pickled tuples, :class:`multiprocessing.connection.Connection`):
 

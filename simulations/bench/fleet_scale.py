@@ -17,7 +17,7 @@ saved as often as the shipped broker saves it — ``autosave_interval`` —, loo
   rate with C clients at both ends, in this run;
 * **coordinator, drain** — ``haarvest coordinator run`` in its own process, as deployed (its default batch size,
   :data:`coordinator.defaults.BATCH_SIZE`; the ingest section's 20 ms), once over MQTT 5 (the default) and once
-  over MQTT 3.1.1 (the throughput setting: paho parses its acknowledgements without MQTT 5's properties), each with
+  over MQTT 3.1.1 (for brokers without MQTT 5), each with
   a store and a persistent session of its own
   (``HAARVEST_BENCH_FLEET_MQTT=5`` or ``=3.1.1`` for one of them only). In turn, each registers its session and
   stops; a paho publisher process puts the N reports on their per-device topics (the broker queues them for that
@@ -80,7 +80,7 @@ ROUND = "fleet"
 FULL_N = 1_000_000
 QUICK_N = 2_000
 ENV_N = "HAARVEST_BENCH_FLEET_N"
-#: the coordinators' MQTT protocols, drained in turn: 5 (the default) and 3.1.1 (the throughput setting)
+#: the coordinators' MQTT protocols, drained in turn: 5 (the default) and 3.1.1 (for brokers without MQTT 5)
 PROTOCOLS = ("5", "3.1.1")
 ENV_PROTOCOL = "HAARVEST_BENCH_FLEET_MQTT"  # one of PROTOCOLS only (default: both)
 #: the round: one numeric stream, one frequency oracle over 16 items, one Haar record of 4 dimensions
@@ -475,8 +475,7 @@ def sizes_for(n: int) -> list[int]:
 
 
 #: what each protocol is to the coordinator, for the section's text
-_PROTOCOL_ROLE = {"5": "its default",
-                  "3.1.1": "the throughput setting, whose acknowledgements paho parses without MQTT 5's properties"}
+_PROTOCOL_ROLE = {"5": "its default", "3.1.1": "for brokers without MQTT 5"}
 
 
 def _slug(protocol: str) -> str:
