@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 10.0
 #: Wait before restarting a receiver process that died: first wait, and the cap.
 RESTART_FIRST_S, RESTART_MAX_S = 1.0, 30.0
+#: gen-1 collections between two full ones (CPython's default: 10) once the worker runs. Validating and committing
+#: 10⁶ reports in one process (validator and store as the worker holds them, the registry frozen) ran 165 full
+#: collections at the default, 16.6 µs of the GIL per report, and 1 at 1,000 (0.14 µs); gen-0 and gen-1 collections
+#: (≈ 2 and ≈ 3 µs per report) are unchanged, and cyclic garbage is rare on this path (refcounting frees the rest).
+GC_FULL_AFTER = 1000
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 
 
@@ -197,6 +202,11 @@ class IngestWorker:
         # collector's generations, so that its full collections, triggered as the validator's state grows, do not
         # walk every device's key again (at 10⁶ devices that cost 4–8 µs of the GIL per report)
         gc.freeze()
+        # and fewer full collections: CPython runs one at every tenth gen-1 collection unless fewer than a quarter
+        # as many objects await it as survived the last one — frozen objects not counted, so after the freeze that
+        # rule hardly ever holds back
+        young, middle, _ = gc.get_threshold()
+        gc.set_threshold(young, middle, GC_FULL_AFTER)
         run = self._run = _Run(_Link(self.settings))
         run.threads = [threading.Thread(target=self._read, args=(run,), name="haarvest-ingest-read", daemon=True),
                        threading.Thread(target=self._validate, args=(run,), name="haarvest-ingest-validate",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from coordinator import ingest
 from coordinator.rounds import RoundManager
 from coordinator.service import Coordinator, CoordinatorConfig
 from coordinator.simfleet import SimFleet
@@ -51,7 +53,11 @@ def signed_reports(fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
 def test_in_process_ingest_and_round_publication(mosquitto, tmp_path):
     fleet = SimFleet(50)
     cfg = CoordinatorConfig(db=str(tmp_path / "c.db"), mqtt_port=mosquitto.port, batch_ms=5)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # CPython's defaults
     with Coordinator(cfg) as coord:
+        assert gc.get_threshold() == (700, 10, ingest.GC_FULL_AFTER)  # the running worker's full collections are rare
+        gc.set_threshold(*thresholds)
         coord.import_devices(fleet.enrollment())
         coord.open_round("r1", 1.5, PARAMS)
         # a device sees the retained, signed round
