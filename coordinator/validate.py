@@ -92,6 +92,14 @@ def per_device_counters(results: Sequence[Any]) -> dict[str, int]:
     return out
 
 
+def _detached(exc: wire.WireError) -> wire.WireError:
+    """``exc`` without its traceback and chained exceptions, to be kept as a result. A caught exception's traceback
+    holds the frame that caught it — :meth:`Validator.check_batch`'s, whose locals hold the whole batch and the
+    results, ``exc`` among them — and every deeper frame holds its caller: a reference cycle that only a full
+    garbage collection frees, which the ingest worker runs rarely (``coordinator.ingest.GC_FULL_AFTER``)."""
+    exc.__traceback__ = exc.__context__ = exc.__cause__ = None
+    return exc
+
 class _Round:
     __slots__ = ("config", "params", "status")
 
@@ -269,7 +277,7 @@ class Validator:
                 except wire.WireError as exc:
                     if exc.device_id is None:
                         exc.device_id = self._topic_device(topic)
-                    out.append(exc)
+                    out.append(_detached(exc))
                     continue
                 except STORE_ERRORS:  # the store failed (a lookup of a new device or round): retry the batch
                     raise
@@ -298,7 +306,7 @@ class Validator:
                     self._check_replay(report)
                 except wire.WireError as exc:
                     exc.device_id, exc.seq = report.device_id, report.seq
-                    out[i] = exc
+                    out[i] = _detached(exc)
                     continue
                 self._reserve(report)
                 self._rows[(report.device_id, report.seq)] = row

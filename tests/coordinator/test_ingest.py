@@ -50,14 +50,20 @@ def signed_reports(fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
     return out
 
 
-def test_in_process_ingest_and_round_publication(mosquitto, tmp_path):
+@pytest.fixture
+def default_gc_thresholds():
+    """CPython's default collector thresholds for the test, the process's own afterwards."""
+    saved = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    yield
+    gc.set_threshold(*saved)
+
+
+def test_in_process_ingest_and_round_publication(mosquitto, tmp_path, default_gc_thresholds):
     fleet = SimFleet(50)
     cfg = CoordinatorConfig(db=str(tmp_path / "c.db"), mqtt_port=mosquitto.port, batch_ms=5)
-    thresholds = gc.get_threshold()
-    gc.set_threshold(700, 10, 10)  # CPython's defaults
     with Coordinator(cfg) as coord:
         assert gc.get_threshold() == (700, 10, ingest.GC_FULL_AFTER)  # the running worker's full collections are rare
-        gc.set_threshold(*thresholds)
         coord.import_devices(fleet.enrollment())
         coord.open_round("r1", 1.5, PARAMS)
         # a device sees the retained, signed round

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -334,3 +335,24 @@ def test_ingest_rejects_reports_outside_the_mechanisms_support(tmp_path):
     for name, row in GOOD_ROWS.items():
         v.check(*dev.report("r1", name, mech[name], {"report": row}))
     store.close()
+
+
+def test_a_rejected_report_does_not_tie_its_batch_into_a_reference_cycle(setup):
+    """A rejection kept as a result carries no traceback: one would hold check_batch's frame, and with it the whole
+    batch, in a cycle only a full collection frees (the ingest worker runs them rarely)."""
+    _, fleet, v, _ = setup
+    dev = fleet.devices[0]
+    topic, good = dev.report("r1", "cpu", "hybrid", {"report": 0.25})
+    batch = [(topic, good), (topic, good), (topic, b"{not json"), (topic, good[:-2] + b"1}"),
+             ("haarvest/v1/reports/nobody", good)]
+    gc.collect()
+    gc.disable()
+    try:
+        results = v.check_batch(batch)
+        reasons = [getattr(r, "reason", "accepted") for r in results]
+        assert reasons[:3] == ["accepted", "duplicate", "malformed"] and len(set(reasons)) >= 4
+        assert all(getattr(r, "__traceback__", None) is None for r in results)
+        del results
+        assert gc.collect() == 0  # nothing was left to the cyclic collector
+    finally:
+        gc.enable()
