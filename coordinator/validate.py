@@ -100,6 +100,7 @@ def _detached(exc: wire.WireError) -> wire.WireError:
     exc.__traceback__ = exc.__context__ = exc.__cause__ = None
     return exc
 
+
 class _Round:
     __slots__ = ("config", "params", "status")
 

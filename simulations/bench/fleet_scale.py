@@ -16,22 +16,21 @@ saved as often as the shipped broker saves it — ``autosave_interval`` —, loo
   process after the other: :data:`simulations.bench.ingest.PUB_CHUNK`) to ``mosquitto_sub -q 1 -C N``: the broker's
   rate with C clients at both ends, in this run;
 * **coordinator, drain** — ``haarvest coordinator run`` in its own process, as deployed (its default batch size,
-  :data:`coordinator.defaults.BATCH_SIZE`; the ingest section's 20 ms), once over MQTT 5 (the default) and once
-  over MQTT 3.1.1 (for brokers without MQTT 5), each with
-  a store and a persistent session of its own
-  (``HAARVEST_BENCH_FLEET_MQTT=5`` or ``=3.1.1`` for one of them only). In turn, each registers its session and
-  stops; a paho publisher process puts the N reports on their per-device topics (the broker queues them for that
-  session alone — mosquitto's CPU per delivered message grows with the messages it holds —: its queue limit is
-  raised to N here — the shipped broker configuration keeps fewer —, and its in-flight window per client is the
-  receiver's Receive Maximum for both protocols); then the coordinator starts again and drains its queue —
-  validate (decode, topic binding, registry, signature, round, support, replay) + durable SQLite commit with the
-  stream aggregates + PUBACK after the commit + a receipt per device. Should it exit, it is restarted as the shipped systemd unit would (``Restart=always``, after its ``RestartSec``), and the
-  exits and what the coordinator said are reported. The rate is taken over the stored commit timestamps (the
-  first batch, received before the first timestamp, left out) — from the first to the last commit, and, when
-  there were exits, within the coordinator's runs; the ratio to the mosquitto_pub rate is the issue's target
-  (≥ 50 %). CPU per report of the coordinator process, of its MQTT receiver and of mosquitto; peak RSS
-  (``VmHWM``, sampled) of the coordinator's two processes and of mosquitto, and the SQLite file size after the
-  stop;
+  :data:`coordinator.defaults.BATCH_SIZE`; the ingest section's 20 ms), once over MQTT 5 (the default) and once over
+  MQTT 3.1.1 (for brokers without MQTT 5), each with a store and a persistent session of its own
+  (``HAARVEST_BENCH_FLEET_MQTT=5`` or ``=3.1.1`` for one of them only). In turn, each registers its session and stops;
+  a paho publisher process puts the N reports on their per-device topics (the broker queues them for that session
+  alone — mosquitto's CPU per delivered message grows with the messages it holds —: its queue limit is raised to N
+  here — the shipped broker configuration keeps fewer —, and its in-flight window per client is the receiver's Receive
+  Maximum for both protocols); then the coordinator starts again and drains its queue — validate (decode, topic
+  binding, registry, signature, round, support, replay) + durable SQLite commit with the stream aggregates + PUBACK
+  after the commit + a receipt per device. Should it exit, it is restarted as the shipped systemd unit would
+  (``Restart=always``, after its ``RestartSec``), and the exits and what the coordinator said are reported. The rate
+  is taken over the stored commit timestamps (the first batch, received before the first timestamp, left out) — from
+  the first to the last commit, and, when there were exits, within the coordinator's runs; the ratio to the
+  mosquitto_pub rate is the issue's target (≥ 50 %). CPU per report of the coordinator process, of its MQTT receiver
+  and of mosquitto; peak RSS (``VmHWM``, sampled) of the coordinator's two processes and of mosquitto, and the SQLite
+  file size after the stop;
 * **estimates** — at 10⁴, 10⁵ and 10⁶ stored reports (the first k reports of the round in arrival order, committed
   as ingest does — :meth:`~coordinator.store.Store.commit_batch` with the validator's statistics — into a store of
   their own; the largest size is the drained store itself), each in a *fresh process* after the coordinator has
