@@ -125,9 +125,8 @@ def _sum_statistics(parts: list[str | Statistics]) -> Statistics | None:
 
 
 class StoredReport(NamedTuple):
-    """One accepted report as stored (``body`` is canonical JSON text of ``Report.body``): a named tuple, so that
-    ingest builds one per accepted report for half the cost of a frozen dataclass (1.7 against 3.7 µs) and hands it
-    to the database as the row it is."""
+    """One accepted report as stored (``body`` is canonical JSON text of ``Report.body``): a named tuple, which
+    ingest builds for each accepted report at half the cost of a frozen dataclass (1.7 against 3.7 µs)."""
 
     device_id: str
     seq: int

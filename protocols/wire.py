@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -524,20 +525,29 @@ def _decode(model: type[_Signed], payload: bytes) -> Any:
         raise WireError("schema", f"{where}: {first.get('msg')}") from None
 
 
+#: Digits of an integer pydantic's JSON parser reads at most (its own limit, CPython's default for ``int(str)``).
+_PARSER_INT_DIGITS = 4300
+
+
 def decode_report(payload: bytes) -> Report:
     """A report from its JSON bytes; WireError('too_large' | 'malformed' | 'schema') otherwise.
 
     The general path parses with the standard library (non-finite constants refused) and validates the object
-    (pydantic, lax). Ingest decodes every report, so a payload without an escape or a non-finite constant is
-    first given to pydantic's own JSON parser in strict mode — about half the cost. Strict mode accepts a subset
-    of what the general path accepts (JSON integers for integers, strings for strings, an object for the body)
-    and builds the same values from it (the last of duplicate keys, Python ``int``/``float`` as ``json`` makes
-    them); whatever it refuses goes to the general path, so outcomes and reasons are the general path's
-    (``tests/protocols/test_wire.py`` compares the two on mutated payloads)."""
-    # the general path alone for an escape (strings are then decoded alike without checking how each parser
-    # treats a lone surrogate) or a non-finite constant (refused there, accepted by pydantic's parser)
+    (pydantic, lax). Ingest decodes every report, so a payload is first given to pydantic's own JSON parser in
+    strict mode — about half the cost — unless it holds an escape or a non-finite constant. Whatever that parser
+    accepts the general path accepts too and builds the same report from (the last of duplicate keys, ``int`` and
+    ``float`` as ``json`` makes them; strict mode takes JSON integers for the integer fields and strings for the
+    string fields); whatever it refuses goes to the general path. So outcomes and reasons are the general path's
+    (``tests/protocols/test_wire.py`` compares the two on mutated payloads).
+
+    Non-finite constants go to the general path because pydantic's parser accepts them and the general path
+    refuses them. Escapes go there only as a precaution: the two parsers agree on every escape tried, and pydantic's
+    refuses a lone surrogate. Both parsers refuse integers of more digits than a limit; pydantic's is fixed at
+    :data:`_PARSER_INT_DIGITS`, the general path's is the interpreter's (``sys.set_int_max_str_digits``), so with a
+    lower interpreter limit everything takes the general path."""
     if type(payload) is bytes and len(payload) <= MAX_PAYLOAD and b"\\" not in payload \
-            and b"NaN" not in payload and b"Infinity" not in payload:
+            and b"NaN" not in payload and b"Infinity" not in payload \
+            and not 0 < sys.get_int_max_str_digits() < _PARSER_INT_DIGITS:
         try:
             return Report.model_validate_json(payload, strict=True)
         except ValidationError:

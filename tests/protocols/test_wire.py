@@ -251,11 +251,12 @@ def test_receipt_bytes_are_the_receipts_canonical_json():
 
 
 def _typed(value):
-    """A value with the type of every part spelled out (1 and 1.0, 0.0 and -0.0, True and 1 differ)."""
+    """A value with the type of every part spelled out (1 and 1.0, 0.0 and -0.0, True and 1, a list and a tuple
+    differ) and dict keys in their order."""
     if isinstance(value, dict):
-        return {k: _typed(v) for k, v in value.items()}
+        return ("dict", [(k, _typed(v)) for k, v in value.items()])
     if isinstance(value, (list, tuple)):
-        return [_typed(v) for v in value]
+        return (type(value).__name__, [_typed(v) for v in value])
     return (type(value).__name__, repr(value))
 
 
@@ -310,9 +311,13 @@ def test_decode_report_fast_path_agrees_with_the_general_path():
             payloads.append(seed[:-1] + b"," + key + rng.choice(fragments) + b"}")  # a duplicate key, last wins
             payloads.append(seed[:at - len(key)] + seed[end + 1:] if seed[end:end + 1] == b"," else seed)  # dropped
         payloads.append(seed[:-1] + b',"extra":1}')
-        for frag in fragments:  # inside the body
+        for frag in fragments:  # inside the body, and as the later of two duplicate keys there
             payloads.append(seed.replace(b'"body":{', b'"body":{"in":' + frag + b",", 1))
             payloads.append(seed.replace(b'"body":{', b'"body":{"in":[1,' + frag + b"],", 1))
+            payloads.append(seed.replace(b'"body":{', b'"body":{"in":1,"in":' + frag + b",", 1))
+            payloads.append(seed.replace(b'"body":{', b'"body":{"in":{"a":' + frag + b',"a":[]},', 1))
+        for depth in (150, 199, 200, 250, 1200):  # pydantic's parser stops at 200, json's far deeper
+            payloads.append(seed.replace(b'"body":{', b'"body":{"in":' + b"[" * depth + b"]" * depth + b",", 1))
         payloads.append(b" \n" + seed.replace(b",", b" , ") + b"\n")
         payloads.append(b"\xef\xbb\xbf" + seed)
         for raw in (b"\xed\xa0\x80", b"\xff", b"\x01", b"\x7f", "é€😀".encode()):
@@ -322,9 +327,50 @@ def test_decode_report_fast_path_agrees_with_the_general_path():
             payloads.append(seed[:rng.randrange(len(seed))])
     payloads += [b"[]", b"null", b"1", b"", b"{}", b'{"body":' + b"[" * 5000 + b"]" * 5000 + b"}",
                  b'{"body":{"a":' + b"[" * 300 + b"]" * 300 + b"}}"]
+    big = _report(body={"report": [0.123456789] * 6000})  # a valid report over the size limit
+    payloads.append(wire.canonical_json(big.model_dump()))
+    assert len(payloads[-1]) > wire.MAX_PAYLOAD
     fast_taken = 0
     for payload in payloads:
         outcome = _outcome(wire.decode_report, payload)
         assert outcome == _outcome(general, payload), payload
-        fast_taken += outcome[0] == "report" and b"\\" not in payload
-    assert len(payloads) > 1500 and fast_taken > 100
+        if outcome[0] == "report":
+            try:
+                wire.Report.model_validate_json(payload, strict=True)
+                fast_taken += b"NaN" not in payload and b"Infinity" not in payload
+            except ValueError:
+                pass
+    assert len(payloads) > 2500 and fast_taken > 300
+    assert _outcome(wire.decode_report, payloads[-1])[:2] == ("error", "too_large")
+
+
+def test_decode_report_follows_a_lower_interpreter_integer_limit():
+    """pydantic's JSON parser reads integers of up to 4,300 digits whatever the interpreter's limit; with the limit
+    lowered, a longer integer must still be refused as the general path refuses it."""
+    import sys
+
+    payload = wire.canonical_json(_report(body={"x": 10**999}).model_dump())
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        outcome = _outcome(wire.decode_report, payload)
+        assert outcome == _outcome(lambda p: wire._decode(wire.Report, p), payload)
+        assert outcome[:2] == ("error", "malformed")
+    finally:
+        sys.set_int_max_str_digits(old)
+    assert _outcome(wire.decode_report, payload)[0] == "report"
+
+
+def test_decode_report_takes_the_fast_path_for_what_a_device_sends(monkeypatch, key):
+    """A device's signed report never reaches the general path; a payload with a non-finite constant does."""
+    general = []
+    real = wire._decode
+    monkeypatch.setattr(wire, "_decode", lambda model, payload: general.append(payload) or real(model, payload))
+    topic = wire.report_topic("dev-1")
+    for body in ({"report": 0.25}, {"report": [0, 1, 1]}, {"report": {"detail": [0.5, -1.0, 0.0], "mean": 3.5}}):
+        payload = wire.signed_report_bytes(_report(body=body), topic, key)
+        assert wire.decode_report(payload).body == body
+    assert general == []
+    with pytest.raises(wire.WireError, match="malformed"):
+        wire.decode_report(payload.replace(b"3.5", b"NaN"))
+    assert len(general) == 1
