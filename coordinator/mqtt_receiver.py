@@ -27,9 +27,9 @@ coordinator stops it in order).
 Protocol: ``"5"`` connects with ``clean_start=False`` and a 7-day session expiry; ``"3.1.1"`` with
 ``clean_session=False``; ``"auto"`` tries MQTT 5 and falls back to 3.1.1 for good when the broker refuses the protocol
 version or closes the connection before any CONNACK. MQTT 5 is the default because its PUBACK reason codes tell
-``coordinator rounds open`` that the broker's ACL refused a round; it costs the receiver about a fifth more CPU than
-MQTT 3.1.1 (it had cost twice as much) since :func:`protocols.mqtt.share_paho_tables` (which
-:func:`protocols.mqtt.new_client` applies) stopped paho rebuilding its MQTT 5 tables for every packet. Shared
+``coordinator rounds open`` that the broker's ACL refused a round. It had cost the receiver about twice the CPU of
+MQTT 3.1.1, until :func:`protocols.mqtt.share_paho_tables` (which :func:`protocols.mqtt.new_client` applies) stopped
+paho rebuilding its MQTT 5 tables for every packet; the fleet-scale section of ``make bench`` measures both. Shared
 subscriptions ``$share/<group>/...`` let several coordinators split a fleet (mosquitto ≥ 1.6 grants them to MQTT 3.1.1
 clients too; amqtt has none). The client settings and the fall-back rule are :mod:`protocols.mqtt`'s (shared with the
 device and the round publisher); the receiver process imports only it and paho — no numpy, pydantic or cryptography (a
