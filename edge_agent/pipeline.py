@@ -32,7 +32,7 @@ import numpy as np
 
 from protocols import catalogue
 from protocols.base import os_rng
-from protocols.contract import StreamSpec, clip, heavy_hitter_items, make_body, normalise
+from protocols.contract import Bounds, StreamSpec, heavy_hitter_items, make_body, normalise
 from protocols.errors import InvalidRecord, SpecMismatch
 from protocols.memo_key import canonical_value, device_seed, record_key
 
@@ -102,8 +102,9 @@ class Pipeline:
         self.clipped_total: dict[str, int] = {d.name: 0 for d in self.dimensions if d.kind == "numeric"}
         #: the numeric dimensions and their bounds, clipped and normalised together once per reading
         self._numeric = [d for d in self.dimensions if d.kind == "numeric"]
-        self._lo = np.array([float(d.lo) for d in self._numeric])  # type: ignore[arg-type]
-        self._hi = np.array([float(d.hi) for d in self._numeric])  # type: ignore[arg-type]
+        #: their bounds, checked once (not per reading)
+        self._bounds = (Bounds([float(d.lo) for d in self._numeric],  # type: ignore[arg-type]
+                               [float(d.hi) for d in self._numeric]) if self._numeric else None)
         self._round_plans: dict[tuple[str, str], StreamPlan] = {}
         self._last_spec: dict[str, tuple[StreamSpec, StreamPlan]] = {}
         self._clients: dict[tuple[str, str], Any] = {}
@@ -136,7 +137,8 @@ class Pipeline:
         clipped: list[str] = []
         rounded: list[str] = []
         numeric = self._numeric
-        xs = clip([raw[d.name] for d in numeric], self._lo, self._hi).tolist() if numeric else []
+        bounds = self._bounds
+        xs = bounds.clip([raw[d.name] for d in numeric]).tolist() if bounds is not None else []
         for d, x in zip(numeric, xs):
             if x != raw[d.name]:
                 clipped.append(d.name)
@@ -158,7 +160,7 @@ class Pipeline:
                 canon = canonical_value(x)
             values[d.name] = x
             canonical[d.name] = canon
-        ts = normalise([values[d.name] for d in numeric], self._lo, self._hi).tolist() if numeric else []
+        ts = bounds.normalise([values[d.name] for d in numeric]).tolist() if bounds is not None else []
         for d, t in zip(numeric, ts):
             normalised[d.name] = t
         return Record(values, normalised, canonical, tuple(clipped), tuple(rounded), exact)

@@ -88,6 +88,7 @@ __all__ = [
     "make_body",
     "body_row",
     "body_row_of",
+    "Bounds",
     "clip",
     "normalise",
     "denormalise",
@@ -473,12 +474,34 @@ def body_row(spec: StreamSpec, body: dict[str, Any]) -> Any:
     return row
 
 
+class Bounds:
+    """Declared bounds ``[lo, hi]`` of numeric values (trailing axis = dimensions), checked once
+    (:func:`protocols.base.check_bounds`: finite, ``hi > lo``): the clip and the normalisation of SPEC §2.3 for values
+    read again and again against the same bounds (a device's readings, :meth:`edge_agent.pipeline.Pipeline.observe`).
+    :func:`clip` and :func:`normalise` are these methods with bounds given per call."""
+
+    __slots__ = ("lo", "hi", "_span")
+
+    def __init__(self, lo: Any, hi: Any) -> None:
+        self.lo, self.hi = check_bounds(lo, hi)
+        self._span = self.hi - self.lo
+
+    def clip(self, x: Any) -> np.ndarray:
+        """Clip values to [lo, hi]: a documented bias, never an error (SPEC §2.3). ValueError for non-finite
+        values."""
+        return np.clip(_finite_values(x), self.lo, self.hi)
+
+    def normalise(self, x: Any) -> np.ndarray:
+        """Clip to [lo, hi] and map to [-1, 1]: ``t = 2(x - lo)/(hi - lo) - 1``. ValueError for non-finite
+        values."""
+        return np.clip(2.0 * (self.clip(x) - self.lo) / self._span - 1.0, -1.0, 1.0)
+
+
 def clip(x: Any, lo: Any, hi: Any) -> np.ndarray:
     """Clip values to [lo, hi] (trailing axis = dimensions): a documented bias, never an error (SPEC §2.3). The one
-    clip of devices (:meth:`edge_agent.pipeline.Pipeline.observe`, once per reading) and the fleet simulator.
-    ValueError for non-finite values or bounds without hi > lo."""
-    lo_a, hi_a = check_bounds(lo, hi)
-    return np.clip(_finite_values(x), lo_a, hi_a)
+    clip of devices (:meth:`edge_agent.pipeline.Pipeline.observe`, once per reading, through :class:`Bounds`) and
+    the fleet simulator. ValueError for non-finite values or bounds without hi > lo."""
+    return Bounds(lo, hi).clip(x)
 
 
 def _finite_values(x: Any) -> np.ndarray:
@@ -490,10 +513,9 @@ def _finite_values(x: Any) -> np.ndarray:
 
 def normalise(x: Any, lo: Any, hi: Any) -> np.ndarray:
     """Clip to [lo, hi] and map to [-1, 1]: ``t = 2(x - lo)/(hi - lo) - 1`` (trailing axis = dimensions; the one
-    normalisation of devices, simulations and tests). ValueError for non-finite values or bounds without hi > lo."""
-    lo_a, hi_a = check_bounds(lo, hi)
-    arr = _finite_values(x)
-    return np.clip(2.0 * (np.clip(arr, lo_a, hi_a) - lo_a) / (hi_a - lo_a) - 1.0, -1.0, 1.0)
+    normalisation of devices, simulations and tests: :meth:`Bounds.normalise`). ValueError for non-finite values or
+    bounds without hi > lo."""
+    return Bounds(lo, hi).normalise(x)
 
 
 def denormalise(t: Any, lo: Any, hi: Any) -> np.ndarray:

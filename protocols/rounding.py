@@ -86,7 +86,9 @@ def _score(w: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     # summed along a contiguous time axis for every layout, so a dimension's score is the same number whether its
     # window is held alone (a device: one detector per dimension) or beside others (the fleet simulator's n·d
     # columns); numpy's sum over axis 0 of a wide array adds in another order and can differ in the last bit
-    steps = np.add.reduce(np.ascontiguousarray(np.moveaxis(np.abs(np.diff(w, axis=0)), 0, -1)), axis=-1)
+    diffs = np.abs(np.diff(w, axis=0))
+    diffs = diffs.T if diffs.ndim == 2 else np.moveaxis(diffs, 0, -1)  # time last (.T: the same, without overhead)
+    steps = np.add.reduce(np.ascontiguousarray(diffs), axis=-1)
     return steps / ((w.shape[0] - 1) * (hi - lo))
 
 
@@ -111,9 +113,9 @@ class VolatilityDetector:
         self.window = int(window)
         self.tau = tau
         self.d = self.lo.size
+        #: the window in time order, oldest first: rows [0, count) hold values; once full, each update shifts it
         self._buffer = np.zeros((self.window + 1, self.d))
         self._count = 0  # values seen (saturates the window at W + 1)
-        self._next = 0  # ring-buffer write position
         self._scores = np.zeros(self.d)
 
     def update(self, x: Any) -> np.ndarray:
@@ -121,17 +123,23 @@ class VolatilityDetector:
         arr = _finite(x, "x").reshape(-1)
         if arr.size != self.d:
             raise ValueError(f"expected a record of {self.d} values, got {arr.size}")
-        self._buffer[self._next] = arr
-        self._next = (self._next + 1) % (self.window + 1)
-        self._count = min(self._count + 1, self.window + 1)
-        self._scores = _score(self.values(), self.lo, self.hi)  # bounds checked once, in __init__
+        if self._count <= self.window:
+            self._buffer[self._count] = arr
+            self._count += 1
+        else:  # drop the oldest value (an overlapping copy, which numpy makes correctly)
+            self._buffer[:-1] = self._buffer[1:]
+            self._buffer[-1] = arr
+        self._scores = _score(self._buffer[: self._count], self.lo, self.hi)  # bounds checked once, in __init__
         return self.volatile
+
+    @property
+    def count(self) -> int:
+        """Values the window holds (at most W + 1)."""
+        return self._count
 
     def values(self) -> np.ndarray:
         """The window in time order, shape (count, d), oldest first."""
-        if self._count < self.window + 1:
-            return self._buffer[: self._count].copy()
-        return np.roll(self._buffer, -self._next, axis=0)
+        return self._buffer[: self._count].copy()
 
     @property
     def scores(self) -> np.ndarray:
@@ -217,38 +225,42 @@ class AlphaRounder:
         lo_arr, hi_arr = np.broadcast_arrays(*check_bounds(lo, hi))
         return cls(lo_arr, hi_arr, rng.random(np.atleast_1d(lo_arr).size))
 
-    def _prepare(self, x: Any, steps: Any) -> tuple[np.ndarray, np.ndarray]:
-        arr = _finite(x, "x")
-        if arr.shape[-1:] != (self.d,):
-            raise ValueError(f"x must have trailing dimension {self.d}, got shape {arr.shape}")
+    def _steps(self, steps: Any) -> np.ndarray:
+        """Checked steps, shape (d,): finite and > 0."""
         st = np.broadcast_to(_finite(steps, "steps"), (self.d,))
         if np.any(st <= 0):
             raise ValueError("steps must be > 0")
-        return np.clip(arr, self.lo, self.hi), st
+        return st
+
+    def _index(self, x: Any, st: np.ndarray) -> np.ndarray:
+        """:meth:`grid_index` with checked steps ``st``."""
+        arr = _finite(x, "x")
+        if arr.shape[-1:] != (self.d,):
+            raise ValueError(f"x must have trailing dimension {self.d}, got shape {arr.shape}")
+        t = (np.clip(arr, self.lo, self.hi) - self.lo) / st
+        below = np.floor(t)
+        # output R iff x + α ≥ R, i.e. (t - ⌊t⌋) + u ≥ 1
+        return (below + ((t - below) + self.u >= 1.0)).astype(np.int64)
 
     def grid_index(self, x: Any, steps: Any) -> np.ndarray:
         """Integer index i of the rounded value lo + i·step: ``⌊(x - lo)/step + u⌋`` (x clipped to [lo, hi]).
 
         Identical to "L if x + α < R else R" with α = u·step. x has shape (..., d); steps shape (d,) or scalar.
         """
-        arr, st = self._prepare(x, steps)
-        t = (arr - self.lo) / st
-        below = np.floor(t)
-        # output R iff x + α ≥ R, i.e. (t - ⌊t⌋) + u ≥ 1
-        return (below + ((t - below) + self.u >= 1.0)).astype(np.int64)
+        return self._index(x, self._steps(steps))
 
     def round(self, x: Any, steps: Any) -> np.ndarray:
         """Rounded values lo + grid_index·step (unbiased over u; MSE (R - x)(x - L))."""
-        st = np.broadcast_to(_finite(steps, "steps"), (self.d,))
-        return self.lo + self.grid_index(x, steps) * st
+        st = self._steps(steps)
+        return self.lo + self._index(x, st) * st
 
     def round_in_bounds(self, x: Any, steps: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(grid index i, min(lo + i·step, hi))``: what a device reports for a rounded dimension — the index for its
         memo key (:func:`protocols.memo_key.canonical_value`), the value clipped back to hi for normalisation (the
         top cell reaches past hi when step does not divide hi - lo). The one rounding step of the device
         (:mod:`edge_agent.rounding_state`) and of the fleet simulator (:mod:`simulations.fleet_pipeline`)."""
-        st = np.broadcast_to(_finite(steps, "steps"), (self.d,))
-        index = self.grid_index(x, st)
+        st = self._steps(steps)
+        index = self._index(x, st)
         return index, np.minimum(self.lo + index * st, self.hi)
 
     def to_state(self) -> dict[str, Any]:
@@ -301,6 +313,8 @@ class EpochSteps:
             raise ValueError(f"tau must lie in [0, 1), got {tau}")
         self.lo = lo_arr.astype(float).copy()
         self.hi = hi_arr.astype(float).copy()
+        #: the base grid's step ``(hi - lo)/K_base`` (exponent 0)
+        self.base_step = _grid_step(self.lo, self.hi, 0, self.k_base)
         self.epoch_length = int(epoch_length)
         self.tau = tau
         self._plan: EpochPlan | None = None
@@ -378,7 +392,7 @@ def epoch_plan(epochs: EpochSteps, detector: VolatilityDetector, index: int) -> 
     * an ``index`` behind the current plan's epoch (a plan restored from persisted state after a clock change or a
       crash) keeps the current plan.
     """
-    if epochs.current is None and len(detector.values()) <= detector.window:
+    if epochs.current is None and detector.count <= detector.window:
         return None
     try:
         return epochs.plan(index, detector.scores)
@@ -423,7 +437,7 @@ def round_reading(detector: VolatilityDetector, epochs: EpochSteps, rounder: Alp
     zeros = np.zeros(x.size, dtype=np.int64)
     if plan is None and not base_grid:
         return RoundedReading(None, x, np.zeros(x.size, dtype=bool), zeros, zeros)
-    base_step = _grid_step(epochs.lo, epochs.hi, 0, epochs.k_base)
+    base_step = epochs.base_step
     if plan is None:  # base_grid during warm-up: every dimension on the base grid
         volatile, steps, exponents = np.zeros(x.size, dtype=bool), base_step, zeros
     else:
