@@ -356,11 +356,12 @@ class Agent:
                 prepared.on_commit()
             self.stats["memo_hits" if result.memo_hit else "charged_reports"] += 1
         self.rounds_answered += 1
-        log.debug(
-            "reported",
-            extra={"event": "reported", "round_id": round_id, "seqs": [c.seq for c in outcome.commits],
-                   "charged": outcome.charged, "refused": outcome.refused},
-        )
+        if log.isEnabledFor(logging.DEBUG):  # its fields cost more than the check (a shard host answers thousands)
+            log.debug(
+                "reported",
+                extra={"event": "reported", "round_id": round_id, "seqs": [c.seq for c in outcome.commits],
+                       "charged": outcome.charged, "refused": outcome.refused},
+            )
         return outcome
 
     def _commit(self, requests: list[ReportRequest], round_record: tuple[str, str, str] | None,

@@ -54,7 +54,8 @@ DEFAULT_BUCKETS = 64
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """A stream resolved against the registry: its mechanism object, canonical spec and budget."""
+    """A stream resolved against the registry: its mechanism object, canonical spec and budget. Immutable: what is
+    derived from its fields (``charge``, the catalogue's family and roles) is computed once per plan."""
 
     config: StreamConfig
     dimensions: tuple[DimensionConfig, ...]
@@ -75,29 +76,29 @@ class StreamPlan:
     def name(self) -> str:
         return self.config.name
 
-    @property
+    @functools.cached_property
     def charge(self) -> float:
         """ε the ledger charges for one report of this plan under its privacy unit (value unit: per new memo entry):
         :func:`protocols.accounting.report_charge`."""
         return report_charge(self.mechanism_name, self.mechanism, self.epsilon, self.unit)
 
-    @property
+    @functools.cached_property
     def change_bounded(self) -> bool:
         """A DDRM stream: cost grows with the value's changes (up to a declared budget), not with the reports."""
         return Role.CHANGE_BOUNDED in catalogue.entry(self.mechanism_name).roles
 
-    @property
+    @functools.cached_property
     def kind(self) -> str:
         """The stream's shape: ``categorical``, ``scalar`` (one numeric dimension) or ``vector``."""
         if self.dimensions[0].kind == "categorical":
             return "categorical"
         return "vector" if len(self.dimensions) > 1 else "scalar"
 
-    @property
+    @functools.cached_property
     def longitudinal(self) -> bool:
         return catalogue.entry(self.mechanism_name).family is Family.LONGITUDINAL
 
-    @property
+    @functools.cached_property
     def distribution(self) -> bool:
         """A distribution stream (SPEC §3.14): one numeric value on a public bucket grid."""
         return catalogue.entry(self.mechanism_name).family is Family.DISTRIBUTION

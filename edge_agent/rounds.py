@@ -146,8 +146,6 @@ def answer_round(agent: Agent, payload: bytes, now: float | None = None,
     streams for ``no_streams``, None otherwise (module docstring: statuses, records, counters). ``now``: the clock for ``not_after`` (default the agent's). ``check``: the decoder/verifier
     (a shard shares one memoizing :class:`RoundCheck`; default: a fresh check).
     """
-    from .agent import ReportOutcome  # noqa: F811 (at run time: the agent module imports this one)
-
     state, pipeline = agent._require()
     if not payload:
         agent.stats["rounds.cleared"] += 1
@@ -194,6 +192,8 @@ def answer_round(agent: Agent, payload: bytes, now: float | None = None,
                                                    "stream": name, "reason": reason})
     refused = [(name, f"spec_{reason}") for name, reason in skipped]
     if answer.streams is not None and not answer.streams:
+        from .agent import ReportOutcome  # noqa: F811 (at run time: the agent module imports this one)
+
         state.record_round(rc.round_id, "refused", f"no answerable streams: {skipped}")
         agent._count("rounds.no_streams")
         return RoundStatus.NO_STREAMS, ReportOutcome(rc.round_id, refused=refused)

@@ -156,6 +156,11 @@ class OutboxRow:
     payload: bytes
 
 
+#: the outbox's pending rows and the next sequence number, as scalar subqueries of a batch's first read
+_PENDING_SQL = "(SELECT COUNT(*) FROM outbox WHERE status = 'pending')"
+_NEXT_SEQ_SQL = "(SELECT value FROM meta WHERE key = 'next_seq')"
+
+
 class _Spent:
     """What the ledger has spent, for the cap checks of one :meth:`State.commit_reports` batch: summed in ONE pass
     over the ledger when the batch's first charge is checked, then kept up to date with the batch's own charges
@@ -175,19 +180,22 @@ class _Spent:
 
     @classmethod
     def load(cls, db: sqlite3.Connection, requests: Sequence["ReportRequest"], period: float | None,
-             now: float) -> "_Spent":
+             now: float) -> tuple["_Spent", int, int]:
+        """(the spent sums, pending outbox rows, ``next_seq``): one statement, read in the batch's transaction."""
         since = -float("inf") if period is None else now - period
         streams = list(dict.fromkeys(r.stream for r in requests))
         rounds = list(dict.fromkeys(r.round_id for r in requests))
         cols = ["COALESCE(SUM(CASE WHEN stream = ? AND COALESCE(until, ts) > ? THEN epsilon END), 0)"] * len(streams)
         cols += ["COALESCE(SUM(CASE WHEN round_id = ? THEN epsilon END), 0)"] * len(rounds)
         cols += ["COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN epsilon END), 0)",
-                 "COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN delta END), 0)", "MAX(ts)", "MAX(id)"]
+                 "COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN delta END), 0)", "MAX(ts)", "MAX(id)",
+                 _PENDING_SQL, _NEXT_SEQ_SQL]
         args: list[Any] = [a for s in streams for a in (s, since)] + rounds + [since, since]
         row = db.execute(f"SELECT {', '.join(cols)} FROM ledger", args).fetchone()
         ns, nr = len(streams), len(rounds)
-        return cls(dict(zip(streams, row[:ns])), dict(zip(rounds, row[ns:ns + nr])), row[ns + nr],
-                   row[ns + nr + 1], max(now, row[ns + nr + 2] or 0.0), int(row[ns + nr + 3] or 0))
+        spent = cls(dict(zip(streams, row[:ns])), dict(zip(rounds, row[ns:ns + nr])), row[ns + nr],
+                    row[ns + nr + 1], max(now, row[ns + nr + 2] or 0.0), int(row[ns + nr + 3] or 0))
+        return spent, int(row[-2]), int(row[-1] or 0)
 
     def check(self, stream: str, round_id: str, eps: float, stream_cap: float, total_cap: float,
               round_cap: float | None, delta: float, delta_cap: float | None) -> None:
@@ -501,23 +509,23 @@ class State:
             self.backlog = None
             self.ledger_max = None
             if requests:
-                pending, seq = db.execute(
-                    "SELECT (SELECT COUNT(*) FROM outbox WHERE status = 'pending'), "
-                    "(SELECT value FROM meta WHERE key = 'next_seq')"
-                ).fetchone()
-                pending, seq = int(pending), int(seq or 0)
-                self.backlog = pending
                 keys = [r.memo_key for r in requests if r.memoize]
                 memo: dict[str, str] = {}
                 if keys:
                     marks = ",".join("?" * len(keys))
                     memo = dict(db.execute(f"SELECT key, body FROM memo WHERE key IN ({marks})", keys).fetchall())
                 budget: _Spent | None = None
+                if any(not r.memoize or r.memo_key not in memo for r in requests):
+                    # a request will charge: sum the ledger once for the batch (the outbox count and next_seq in
+                    # the same statement)
+                    budget, pending, seq = _Spent.load(db, requests, renewal_period_s, now)
+                else:  # memo hits only: the ledger is not read
+                    pending, seq = db.execute(f"SELECT {_PENDING_SQL}, {_NEXT_SEQ_SQL}").fetchone()
+                    pending, seq = int(pending), int(seq or 0)
+                self.backlog = pending
                 writes = _Writes()
                 for req in requests:
                     body_text = memo.get(req.memo_key) if req.memoize else None
-                    if body_text is None and budget is None:  # the first charge: sum the ledger once for the batch
-                        budget = _Spent.load(db, requests, renewal_period_s, now)
                     try:
                         commit = self._commit_one(req, seq, pending, body_text, budget, total_cap, max_pending, now,
                                                   delta_cap, writes, memo)
