@@ -53,6 +53,24 @@ def test_detector_slides_and_flags():
     assert not det.volatile.any()
 
 
+def test_detector_window_is_the_last_values_in_order():
+    """The window holds the last W + 1 records oldest first, at every step, and its scores are exactly
+    volatility_score of them (the window shifts in place once full)."""
+    rng = np.random.default_rng(7)
+    det = VolatilityDetector([0.0, -5.0, 1.0], [10.0, 5.0, 2.0], window=6)
+    seen = []
+    for _ in range(40):
+        x = rng.uniform([-1.0, -6.0, 0.5], [11.0, 6.0, 2.5])
+        det.update(x)
+        seen.append(x)
+        want = np.array(seen[-7:])
+        assert det.count == len(want)
+        np.testing.assert_array_equal(det.values(), want)
+        assert det.scores.tolist() == volatility_score(want, det.lo, det.hi).tolist()
+    det.values()[0, 0] = 1e9  # a copy: the window is not changed through it
+    assert det.values()[0, 0] != 1e9
+
+
 def test_detector_threshold_is_strict():
     det = VolatilityDetector(0.0, 1.0, window=1, tau=0.25)
     det.update([0.0])
