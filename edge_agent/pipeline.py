@@ -6,8 +6,9 @@ For one reading (a mapping field → value) :meth:`Pipeline.observe` returns a :
 3. **volatility** and 4. **adaptive α-point rounding** (:mod:`edge_agent.rounding_state`);
 5. **Normalise** to ``t = 2(x − lo)/(hi − lo) − 1 ∈ [−1, 1]``.
 
-Clipping and normalisation are :func:`protocols.contract.clip` and :func:`protocols.contract.normalise`, applied to
-a reading's numeric dimensions at once — the same functions the fleet simulator applies to a whole fleet.
+Clipping and normalisation are :meth:`protocols.contract.Bounds.clip` and :meth:`~protocols.contract.Bounds.normalise`
+(the bounds checked once per pipeline), applied to a reading's numeric dimensions at once — the same functions
+(:func:`protocols.contract.clip`, :func:`protocols.contract.normalise`) the fleet simulator applies to a whole fleet.
 
 :meth:`Pipeline.prepare` then turns a record into one :class:`PreparedReport` per stream. A stream is one dimension
 or a *group* of numeric dimensions privatized together by one vector mechanism (``ksampling``, ``duchi_md``, or
@@ -32,11 +33,11 @@ import numpy as np
 
 from protocols import catalogue
 from protocols.base import os_rng
-from protocols.contract import Bounds, StreamSpec, heavy_hitter_items, make_body, normalise
+from protocols.contract import Bounds, StreamSpec, heavy_hitter_items, make_body
 from protocols.errors import InvalidRecord, SpecMismatch
 from protocols.memo_key import canonical_value, device_seed, record_key
 
-from .config import AgentConfig
+from .config import AgentConfig, DimensionConfig
 from .plans import StreamPlan, build_stream_plan
 from .readings import Record, check_value
 from .rounding_state import DimensionRounding
@@ -105,6 +106,7 @@ class Pipeline:
         #: their bounds, checked once (not per reading)
         self._bounds = (Bounds([float(d.lo) for d in self._numeric],  # type: ignore[arg-type]
                                [float(d.hi) for d in self._numeric]) if self._numeric else None)
+        self._dim_bounds: dict[tuple[str, ...], Bounds] = {}
         self._round_plans: dict[tuple[str, str], StreamPlan] = {}
         self._last_spec: dict[str, tuple[StreamSpec, StreamPlan]] = {}
         self._clients: dict[tuple[str, str], Any] = {}
@@ -196,11 +198,20 @@ class Pipeline:
             redone.append(j)
             ys.append(y)
         if redone:
-            dims = [plan.dimensions[j] for j in redone]
-            ts = normalise(ys, [float(d.lo) for d in dims], [float(d.hi) for d in dims]).tolist()  # type: ignore[arg-type]
+            ts = self._bounds_of(tuple(plan.dimensions[j] for j in redone)).normalise(ys).tolist()
             for j, tj in zip(redone, ts):
                 t[j] = tj
         return canon, t
+
+    def _bounds_of(self, dims: tuple[DimensionConfig, ...]) -> Bounds:
+        """The checked bounds of these numeric dimensions (remembered: a round's rounded dimensions are renormalised
+        with every reading)."""
+        key = tuple(d.name for d in dims)
+        bounds = self._dim_bounds.get(key)
+        if bounds is None:
+            bounds = self._dim_bounds[key] = Bounds([float(d.lo) for d in dims],  # type: ignore[arg-type]
+                                                    [float(d.hi) for d in dims])  # type: ignore[arg-type]
+        return bounds
 
     @staticmethod
     def _item(plan: StreamPlan, record: Record) -> int:
