@@ -17,16 +17,23 @@ reports as the remainder. The timers cost ~1 µs per wrapped call (a few per dev
 
 :func:`simulations.proc_stats.tree_cpu` sums the CPU seconds of a process and all its descendants from ``/proc`` (Ray's raylet, GCS, the
 Flower actors and the shard hosts are descendants of the driver): the whole simulation's CPU in a round.
+
+:func:`state_floor` measures the SQLite work of a device round with no agent around it — what a round costs a
+reattached device database however cheap the agent's own work were.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["PHASES", "PhaseClock"]
+__all__ = ["PHASES", "PhaseClock", "state_floor"]
 
 #: the phases in report order
 PHASES = ("open/close", "reading+plan", "privatize", "sign", "ledger transaction", "ledger mark")
@@ -98,3 +105,61 @@ class PhaseClock:
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.seconds)
+
+
+#: the streams of a :func:`state_floor` round (a simulated device answers three per round)
+_FLOOR_STREAMS = ("age", "edu", "syn")
+
+
+def state_floor(devices: int = 1000, rounds: int = 3, payload_bytes: int = 420) -> dict[str, float]:
+    """The SQLite work of a device round alone: thread-CPU µs per device round of :class:`edge_agent.state.State` on
+    a *hosted* database reattached for the round, as a 100,000-device simulation's shard host does it, with no
+    agent around it (no reading, privatization or signing: the reports are ready bytes).
+
+    A round is what an answered round writes: the answered-once check (:meth:`State.round_seen`), then ONE
+    :meth:`State.commit_reports` transaction with the round's record, a counter, the ``sent`` marks of the reports
+    of the device's previous round and three ready reports (ledger debit, outbox row, ``next_seq``). Returns
+    ``open/close`` (reattaching and closing the database) and ``transaction`` (the check and the commit), the means
+    over ``rounds`` passes over ``devices`` databases on tmpfs, each pass after as many passes that fill the
+    databases first; ``devices`` and ``rounds`` are returned too."""
+    from edge_agent.state import ReportRequest, State
+
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    root = Path(tempfile.mkdtemp(prefix="haarvest-state-floor-", dir=base))
+    body = {"report": [0]}
+    payload = b"x" * payload_bytes
+    topic = "haarvest/reports/floor"
+    try:
+        paths = [root / f"{i:06d}" / "agent.sqlite3" for i in range(devices)]
+        for path in paths:
+            State(path, hosted=True).close()
+        sent: dict[Path, list[int]] = {path: [] for path in paths}
+        spent = {"open/close": 0.0, "transaction": 0.0}
+        for r in range(2 * rounds):
+            round_id = f"floor-{r}"
+            requests = [ReportRequest(stream=name, round_id=round_id, memo_key=f"{r:02d}{j:062d}", spec=name,
+                                      mechanism="olh", epsilon=1.0, stream_cap=1e9, round_cap=3.0, memoize=False,
+                                      make_body=lambda: body, make_payload=lambda seq, b: (topic, payload))
+                        for j, name in enumerate(_FLOOR_STREAMS)]
+            opened = closed = checked = 0.0
+            for path in paths:
+                t0 = time.thread_time()
+                state = State(path, hosted=True, reattach=True)
+                t1 = time.thread_time()
+                state.round_seen(round_id)
+                done = state.commit_reports(requests, total_cap=1e9, renewal_period_s=None, max_pending=1000,
+                                            counters={"rounds.answered": 1}, round_record=(round_id, "answered", ""),
+                                            sent=sent[path])
+                t2 = time.thread_time()
+                state.close()
+                t3 = time.thread_time()
+                sent[path] = [c.seq for c in done]  # type: ignore[union-attr]
+                opened, checked, closed = opened + t1 - t0, checked + t2 - t1, closed + t3 - t2
+            if r >= rounds:
+                spent["open/close"] += opened + closed
+                spent["transaction"] += checked
+        scale = 1e6 / (rounds * devices)
+        return {"open/close": spent["open/close"] * scale, "transaction": spent["transaction"] * scale,
+                "devices": devices, "rounds": rounds}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 from edge_agent.agent import Agent
 from edge_agent.state import State
@@ -41,3 +42,33 @@ def test_tree_cpu_counts_this_process():
     first = tree_cpu()
     sum(i * i for i in range(200_000))
     assert 0.0 <= first <= tree_cpu()
+
+
+def test_state_floor_measures_a_committed_round_and_cleans_up(monkeypatch):
+    """state_floor times real hosted databases through State: every round commits (three reports, their ledger rows,
+    the previous round's sent marks), and its files are gone afterwards."""
+    from simulations import flower_phases
+
+    committed, roots = [], []
+    real_commit = State.commit_reports
+    real_mkdtemp = flower_phases.tempfile.mkdtemp
+
+    def commit(self, requests, **kw):
+        out = real_commit(self, requests, **kw)
+        committed.append((len([c for c in out if not isinstance(c, Exception)]), len(kw["sent"]),
+                          self.check_invariants()["ok"]))
+        return out
+
+    def mkdtemp(**kw):
+        roots.append(real_mkdtemp(**kw))
+        return roots[-1]
+
+    monkeypatch.setattr(State, "commit_reports", commit)
+    monkeypatch.setattr(flower_phases.tempfile, "mkdtemp", mkdtemp)
+    out = flower_phases.state_floor(devices=5, rounds=2)
+    assert out["devices"] == 5 and out["rounds"] == 2
+    assert out["open/close"] > 0 and out["transaction"] > 0
+    assert len(committed) == 5 * 4  # 2 rounds to fill, 2 measured
+    assert all(n == 3 and ok for n, _, ok in committed)
+    assert [s for _, s, _ in committed[:5]] == [0] * 5 and all(s == 3 for _, s, _ in committed[5:])
+    assert len(roots) == 1 and not os.path.exists(roots[0])
