@@ -18,8 +18,16 @@ reports as the remainder. The timers cost ~1 µs per wrapped call (a few per dev
 :func:`simulations.proc_stats.tree_cpu` sums the CPU seconds of a process and all its descendants from ``/proc`` (Ray's raylet, GCS, the
 Flower actors and the shard hosts are descendants of the driver): the whole simulation's CPU in a round.
 
-:func:`state_floor` measures the SQLite work of a device round with no agent around it — what a round costs a
-reattached device database however cheap the agent's own work were.
+:func:`state_floor` measures the device database's work of a device round with no agent around it — what a round
+costs a reattached device database as :class:`edge_agent.state.State` does it today, however cheap the rest of the
+agent's work were. :func:`host_rounds` (``python -m simulations.flower_phases``) hosts a shard of devices in one
+process for counting a device round's instructions, which do not move with the machine's speed::
+
+    valgrind --tool=callgrind python -m simulations.flower_phases --devices 200 --rounds 1
+    valgrind --tool=callgrind python -m simulations.flower_phases --devices 200 --rounds 3
+
+The difference of the two runs' totals over 2 × 200 is one device round (imports, enrolment and the first round
+cancel out).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PHASES", "PhaseClock", "state_floor"]
+__all__ = ["PHASES", "PhaseClock", "state_floor", "host_rounds", "main"]
 
 #: the phases in report order
 PHASES = ("open/close", "reading+plan", "privatize", "sign", "ledger transaction", "ledger mark")
@@ -107,6 +115,12 @@ class PhaseClock:
         return dict(self.seconds)
 
 
+def _tmpfs_dir(prefix: str) -> Path:
+    """A fresh directory on tmpfs (/dev/shm) where it is writable, else in the default temporary directory."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
 #: the streams of a :func:`state_floor` round (a simulated device answers three per round)
 _FLOOR_STREAMS = ("age", "edu", "syn")
 
@@ -124,8 +138,7 @@ def state_floor(devices: int = 1000, rounds: int = 3, payload_bytes: int = 420) 
     databases first; ``devices`` and ``rounds`` are returned too."""
     from edge_agent.state import ReportRequest, State
 
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    root = Path(tempfile.mkdtemp(prefix="haarvest-state-floor-", dir=base))
+    root = _tmpfs_dir("haarvest-state-floor-")
     body = {"report": [0]}
     payload = b"x" * payload_bytes
     topic = "haarvest/reports/floor"
@@ -163,3 +176,52 @@ def state_floor(devices: int = 1000, rounds: int = 3, payload_bytes: int = 420) 
                 "devices": devices, "rounds": rounds}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def host_rounds(devices: int, rounds: int, signature: str = "hmac-sha256", shard_size: int = 100) -> None:
+    """Host ``devices`` simulated devices in this process as a 100,000-device simulation's shard host does — full
+    agents (:class:`simulations.flower_sim.SimHostFactory`), every database reattached for each round — enrol them
+    and answer ``rounds`` rounds of the simulation's streams (the base round parameters). For a process of its own
+    (:func:`main`): it configures the process-wide :data:`edge_agent.flower_app.OPEN_AGENTS`."""
+    from edge_agent.flower_app import OPEN_AGENTS
+    from protocols import wire
+    from simulations.flower_sim import SimFleetSpec, SimHostFactory, configure_environment, round_params
+
+    configure_environment()
+    root = _tmpfs_dir("haarvest-host-rounds-")
+    try:
+        key = wire.generate_signing_key()
+        spec = SimFleetSpec(run_id="host-rounds", n_devices=devices, shard_size=shard_size, state_root=str(root),
+                            coordinator_public_key=wire.public_key_b64(key), signature=signature)
+        OPEN_AGENTS.configure(devices=devices, max_open=1, hosted=True)
+        factory = SimHostFactory(spec)
+        for p in range(spec.n_shards):
+            factory({"partition-id": p}).announce()
+        for t in range(rounds):
+            payload = wire.sign_round(wire.RoundConfig(round_id=f"host-rounds-{t}", protocol="flower",
+                                                       epsilon=spec.max_round_epsilon, params=round_params(spec)),
+                                      key).to_bytes()
+            for p in range(spec.n_shards):
+                factory({"partition-id": p}).answer(payload, t)
+    finally:
+        OPEN_AGENTS.close_all()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m simulations.flower_phases --devices N --rounds R``: :func:`host_rounds`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m simulations.flower_phases", description=host_rounds.__doc__)
+    parser.add_argument("--devices", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--signature", default="hmac-sha256", choices=("hmac-sha256", "ed25519"))
+    args = parser.parse_args(argv)
+    if args.devices < 1 or args.rounds < 0:
+        parser.error("--devices must be >= 1 and --rounds >= 0")
+    host_rounds(args.devices, args.rounds, args.signature)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

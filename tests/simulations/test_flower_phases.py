@@ -72,3 +72,20 @@ def test_state_floor_measures_a_committed_round_and_cleans_up(monkeypatch):
     assert all(n == 3 and ok for n, _, ok in committed)
     assert [s for _, s, _ in committed[:5]] == [0] * 5 and all(s == 3 for _, s, _ in committed[5:])
     assert len(roots) == 1 and not os.path.exists(roots[0])
+
+
+def test_host_rounds_runs_as_a_process_of_its_own():
+    """``python -m simulations.flower_phases`` hosts and answers rounds (what the instruction counts of docs/flower.md
+    run under callgrind); a bad argument is one line on stderr and exit 2."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+    ok = subprocess.run([sys.executable, "-m", "simulations.flower_phases", "--devices", "3", "--rounds", "2"],
+                        capture_output=True, text=True, env=env, cwd=root, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "simulations.flower_phases", "--devices", "0"],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=120)
+    assert bad.returncode == 2 and "--devices must be >= 1" in bad.stderr.strip().splitlines()[-1]
