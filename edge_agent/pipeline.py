@@ -103,10 +103,9 @@ class Pipeline:
         self.clipped_total: dict[str, int] = {d.name: 0 for d in self.dimensions if d.kind == "numeric"}
         #: the numeric dimensions and their bounds, clipped and normalised together once per reading
         self._numeric = [d for d in self.dimensions if d.kind == "numeric"]
-        #: their bounds, checked once (not per reading)
-        self._bounds = (Bounds([float(d.lo) for d in self._numeric],  # type: ignore[arg-type]
-                               [float(d.hi) for d in self._numeric]) if self._numeric else None)
+        #: checked bounds by dimension names (:meth:`_bounds_of`); the reading's numeric dimensions' once, here
         self._dim_bounds: dict[tuple[str, ...], Bounds] = {}
+        self._bounds = self._bounds_of(tuple(self._numeric)) if self._numeric else None
         self._round_plans: dict[tuple[str, str], StreamPlan] = {}
         self._last_spec: dict[str, tuple[StreamSpec, StreamPlan]] = {}
         self._clients: dict[tuple[str, str], Any] = {}

@@ -20,8 +20,9 @@ Flower actors and the shard hosts are descendants of the driver): the whole simu
 
 :func:`state_floor` measures the device database's work of a device round with no agent around it — what a round
 costs a reattached device database as :class:`edge_agent.state.State` does it today, however cheap the rest of the
-agent's work were. :func:`host_rounds` (``python -m simulations.flower_phases``) hosts a shard of devices in one
-process for counting a device round's instructions, which do not move with the machine's speed::
+agent's work were. :func:`main` (``python -m simulations.flower_phases``) hosts a shard of devices in one process
+(:func:`simulations.flower_sim.host_rounds`) for counting a device round's instructions, which do not move with the
+machine's speed::
 
     valgrind --tool=callgrind python -m simulations.flower_phases --devices 200 --rounds 1
     valgrind --tool=callgrind python -m simulations.flower_phases --devices 200 --rounds 3
@@ -33,15 +34,13 @@ cancel out).
 from __future__ import annotations
 
 import functools
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PHASES", "PhaseClock", "state_floor", "host_rounds", "main"]
+__all__ = ["PHASES", "PhaseClock", "state_floor", "main"]
 
 #: the phases in report order
 PHASES = ("open/close", "reading+plan", "privatize", "sign", "ledger transaction", "ledger mark")
@@ -115,12 +114,6 @@ class PhaseClock:
         return dict(self.seconds)
 
 
-def _tmpfs_dir(prefix: str) -> Path:
-    """A fresh directory on tmpfs (/dev/shm) where it is writable, else in the default temporary directory."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-
-
 #: the streams of a :func:`state_floor` round (a simulated device answers three per round)
 _FLOOR_STREAMS = ("age", "edu", "syn")
 
@@ -137,8 +130,9 @@ def state_floor(devices: int = 1000, rounds: int = 3, payload_bytes: int = 420) 
     over ``rounds`` passes over ``devices`` databases on tmpfs, each pass after as many passes that fill the
     databases first; ``devices`` and ``rounds`` are returned too."""
     from edge_agent.state import ReportRequest, State
+    from simulations.flower_sim import tmpfs_workdir
 
-    root = _tmpfs_dir("haarvest-state-floor-")
+    root = tmpfs_workdir("haarvest-state-floor-")
     body = {"report": [0]}
     payload = b"x" * payload_bytes
     topic = "haarvest/reports/floor"
@@ -154,7 +148,7 @@ def state_floor(devices: int = 1000, rounds: int = 3, payload_bytes: int = 420) 
                                       mechanism="olh", epsilon=1.0, stream_cap=1e9, round_cap=3.0, memoize=False,
                                       make_body=lambda: body, make_payload=lambda seq, b: (topic, payload))
                         for j, name in enumerate(_FLOOR_STREAMS)]
-            opened = closed = checked = 0.0
+            reattached = checked = 0.0
             for path in paths:
                 t0 = time.thread_time()
                 state = State(path, hosted=True, reattach=True)
@@ -167,9 +161,9 @@ def state_floor(devices: int = 1000, rounds: int = 3, payload_bytes: int = 420) 
                 state.close()
                 t3 = time.thread_time()
                 sent[path] = [c.seq for c in done]  # type: ignore[union-attr]
-                opened, checked, closed = opened + t1 - t0, checked + t2 - t1, closed + t3 - t2
+                reattached, checked = reattached + (t1 - t0) + (t3 - t2), checked + t2 - t1
             if r >= rounds:
-                spent["open/close"] += opened + closed
+                spent["open/close"] += reattached
                 spent["transaction"] += checked
         scale = 1e6 / (rounds * devices)
         return {"open/close": spent["open/close"] * scale, "transaction": spent["transaction"] * scale,
@@ -178,39 +172,11 @@ def state_floor(devices: int = 1000, rounds: int = 3, payload_bytes: int = 420) 
         shutil.rmtree(root, ignore_errors=True)
 
 
-def host_rounds(devices: int, rounds: int, signature: str = "hmac-sha256", shard_size: int = 100) -> None:
-    """Host ``devices`` simulated devices in this process as a 100,000-device simulation's shard host does — full
-    agents (:class:`simulations.flower_sim.SimHostFactory`), every database reattached for each round — enrol them
-    and answer ``rounds`` rounds of the simulation's streams (the base round parameters). For a process of its own
-    (:func:`main`): it configures the process-wide :data:`edge_agent.flower_app.OPEN_AGENTS`."""
-    from edge_agent.flower_app import OPEN_AGENTS
-    from protocols import wire
-    from simulations.flower_sim import SimFleetSpec, SimHostFactory, configure_environment, round_params
-
-    configure_environment()
-    root = _tmpfs_dir("haarvest-host-rounds-")
-    try:
-        key = wire.generate_signing_key()
-        spec = SimFleetSpec(run_id="host-rounds", n_devices=devices, shard_size=shard_size, state_root=str(root),
-                            coordinator_public_key=wire.public_key_b64(key), signature=signature)
-        OPEN_AGENTS.configure(devices=devices, max_open=1, hosted=True)
-        factory = SimHostFactory(spec)
-        for p in range(spec.n_shards):
-            factory({"partition-id": p}).announce()
-        for t in range(rounds):
-            payload = wire.sign_round(wire.RoundConfig(round_id=f"host-rounds-{t}", protocol="flower",
-                                                       epsilon=spec.max_round_epsilon, params=round_params(spec)),
-                                      key).to_bytes()
-            for p in range(spec.n_shards):
-                factory({"partition-id": p}).answer(payload, t)
-    finally:
-        OPEN_AGENTS.close_all()
-        shutil.rmtree(root, ignore_errors=True)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m simulations.flower_phases --devices N --rounds R``: :func:`host_rounds`."""
+    """``python -m simulations.flower_phases --devices N --rounds R``: :func:`simulations.flower_sim.host_rounds`."""
     import argparse
+
+    from simulations.flower_sim import host_rounds
 
     parser = argparse.ArgumentParser(prog="python -m simulations.flower_phases", description=host_rounds.__doc__)
     parser.add_argument("--devices", type=int, default=200)

@@ -78,6 +78,8 @@ __all__ = [
     "SMALL_FLEET",
     "DeviceFootprint",
     "measure_footprint",
+    "host_rounds",
+    "tmpfs_workdir",
     "available_memory",
     "default_max_open",
     "NODE_DEVICES",
@@ -422,6 +424,26 @@ def _files_bytes(root: Path) -> int:
     return total
 
 
+def _signed_rounds(spec: SimFleetSpec, key: Any, rounds: int, prefix: str) -> list[bytes]:
+    """``rounds`` signed round configurations of the simulation's base parameters (ids ``<prefix>-<r>``)."""
+    from protocols import wire
+
+    return [wire.sign_round(wire.RoundConfig(round_id=f"{prefix}-{r}", protocol="flower",
+                                             epsilon=spec.max_round_epsilon, params=round_params(spec)),
+                            key).to_bytes() for r in range(rounds)]
+
+
+def _host_in_process(spec: SimFleetSpec, partitions: range, payloads: list[bytes]) -> None:
+    """The shards ``partitions`` of ``spec`` hosted in this process as a shard host hosts them (no Ray, no Flower):
+    enrolment, then every round of ``payloads`` answered by every shard in turn."""
+    factory = SimHostFactory(spec)
+    for p in partitions:
+        factory({"partition-id": p}).announce()
+    for t, payload in enumerate(payloads):
+        for p in partitions:
+            factory({"partition-id": p}).answer(payload, t)
+
+
 def _footprint_child(devices: int, rounds: int, signature: str, streams: list[str], max_open: int) -> dict[str, float]:
     """In a fresh process (a shard host's situation): ``devices`` hosted devices, at most ``max_open`` of them open,
     announce and answer ``rounds`` rounds; resident memory and state files per device, from after a warm-up shard."""
@@ -430,32 +452,42 @@ def _footprint_child(devices: int, rounds: int, signature: str, streams: list[st
     from simulations.proc_stats import rss
 
     configure_environment()
-    root = _default_workdir()
+    root = tmpfs_workdir()
     try:
         key = wire.generate_signing_key()
         spec = SimFleetSpec(run_id="footprint", n_devices=_WARM_DEVICES + devices, shard_size=_WARM_DEVICES,
                             state_root=str(root / "devices"), coordinator_public_key=wire.public_key_b64(key),
                             signature=signature, streams=tuple(streams))
         OPEN_AGENTS.configure(devices=spec.n_devices, max_open=max_open, hosted=True)
-        factory = SimHostFactory(spec)
-        payloads = [wire.sign_round(wire.RoundConfig(round_id=f"footprint-{r}", protocol="flower",
-                                                     epsilon=spec.max_round_epsilon, params=round_params(spec)),
-                                    key).to_bytes() for r in range(rounds)]
-
-        def run(partitions: range) -> None:
-            for p in partitions:
-                factory({"partition-id": p}).announce()
-            for t, payload in enumerate(payloads):
-                for p in partitions:
-                    factory({"partition-id": p}).answer(payload, t)
-
-        run(range(1))
+        payloads = _signed_rounds(spec, key, rounds, "footprint")
+        _host_in_process(spec, range(1), payloads)
         gc.collect()
         rss0, files0 = rss(os.getpid()), _files_bytes(root)
-        run(range(1, spec.n_shards))
+        _host_in_process(spec, range(1, spec.n_shards), payloads)
         gc.collect()
         return {"rss": (rss(os.getpid()) - rss0) / devices, "files": (_files_bytes(root) - files0) / devices}
     finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def host_rounds(devices: int, rounds: int, signature: str = "hmac-sha256", shard_size: int = 100) -> None:
+    """Host ``devices`` simulated devices in this process as a 100,000-device simulation's shard host does — full
+    agents, every database reattached for each round — enrol them and answer ``rounds`` rounds of the simulation's
+    streams (``python -m simulations.flower_phases``: a device round's instructions under callgrind). For a process
+    of its own: it configures the process-wide :data:`edge_agent.flower_app.OPEN_AGENTS`."""
+    from edge_agent.flower_app import OPEN_AGENTS
+    from protocols import wire
+
+    configure_environment()
+    root = tmpfs_workdir("haarvest-host-rounds-")
+    try:
+        key = wire.generate_signing_key()
+        spec = SimFleetSpec(run_id="host-rounds", n_devices=devices, shard_size=shard_size, state_root=str(root),
+                            coordinator_public_key=wire.public_key_b64(key), signature=signature)
+        OPEN_AGENTS.configure(devices=devices, max_open=1, hosted=True)
+        _host_in_process(spec, range(spec.n_shards), _signed_rounds(spec, key, rounds, "host-rounds"))
+    finally:
+        OPEN_AGENTS.close_all()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -600,9 +632,11 @@ class FlowerSimResult:
         }
 
 
-def _default_workdir() -> Path:
+def tmpfs_workdir(prefix: str = "haarvest-flower-") -> Path:
+    """A fresh directory on tmpfs (/dev/shm) where it is writable, else in the default temporary directory: where
+    simulated devices keep their state (every device round commits with ``synchronous=FULL``)."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="haarvest-flower-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
 #: devices per virtual SuperNode by default (:func:`default_nodes`): Flower's in-memory link state walks its stored
@@ -687,7 +721,7 @@ def run_flower_simulation(
     from simulations.proc_stats import tree_cpu
 
     t_start = time.perf_counter()
-    root = Path(workdir) if workdir is not None else _default_workdir()
+    root = Path(workdir) if workdir is not None else tmpfs_workdir()
     root.mkdir(parents=True, exist_ok=True)
     key = wire.generate_signing_key()
     spec = SimFleetSpec(

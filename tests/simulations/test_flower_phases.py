@@ -51,7 +51,9 @@ def test_state_floor_measures_a_committed_round_and_cleans_up(monkeypatch):
 
     committed, roots = [], []
     real_commit = State.commit_reports
-    real_mkdtemp = flower_phases.tempfile.mkdtemp
+    from simulations import flower_sim
+
+    real_mkdtemp = flower_sim.tempfile.mkdtemp
 
     def commit(self, requests, **kw):
         out = real_commit(self, requests, **kw)
@@ -64,7 +66,7 @@ def test_state_floor_measures_a_committed_round_and_cleans_up(monkeypatch):
         return roots[-1]
 
     monkeypatch.setattr(State, "commit_reports", commit)
-    monkeypatch.setattr(flower_phases.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(flower_sim.tempfile, "mkdtemp", mkdtemp)  # state_floor's directory: tmpfs_workdir
     out = flower_phases.state_floor(devices=5, rounds=2)
     assert out["devices"] == 5 and out["rounds"] == 2
     assert out["open/close"] > 0 and out["transaction"] > 0
