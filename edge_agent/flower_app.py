@@ -221,7 +221,7 @@ class _OpenAgents:
                     agent.state.close()
                     agent.state = State(agent.config.database_path, hosted=True, reattach=True)
         elif agent.state is None:
-            agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True)
+            agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True, transient=True)
             self.reattached += 1
         return agent
 
@@ -238,7 +238,7 @@ class _OpenAgents:
         while self.agents:
             _, agent = self.agents.popitem()
             if agent.state is None and agent.sent_unmarked:  # suspended with marks to write: reattach to write them
-                agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True)
+                agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True, transient=True)
             agent.close()
         self.resident.clear()
 

@@ -50,7 +50,7 @@ from protocols.errors import BudgetExceededError, Refused
 
 __all__ = ["State", "Refused", "Commit", "ReportRequest", "OutboxRow", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: page cache of a hosted database (:class:`State` ``hosted``): a device round touches a few pages of a small file
 HOSTED_CACHE_PAGES = 16
 #: WAL pages after which a hosted database checkpoints (and truncates its WAL to that size)
@@ -74,8 +74,6 @@ CREATE TABLE IF NOT EXISTS ledger (
     unit TEXT NOT NULL DEFAULT 'value' CHECK (unit IN ('device', 'value')),
     until REAL
 );
-CREATE INDEX IF NOT EXISTS ledger_stream_ts ON ledger (stream, ts);
-CREATE INDEX IF NOT EXISTS ledger_round ON ledger (round_id);
 CREATE TRIGGER IF NOT EXISTS ledger_append_only_u BEFORE UPDATE ON ledger
     BEGIN SELECT RAISE(ABORT, 'the privacy ledger is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS ledger_append_only_d BEFORE DELETE ON ledger
@@ -253,7 +251,7 @@ class State:
     """The agent's SQLite database. Not thread-safe: use it from one thread (the agent's)."""
 
     def __init__(self, path: str | Path, timeout: float = 30.0, *, hosted: bool = False,
-                 reattach: bool = False) -> None:
+                 reattach: bool = False, transient: bool = False) -> None:
         """Open (creating or migrating) the database at ``path``.
 
         ``hosted``: one of many databases a single process keeps open (a gateway or simulation shard host,
@@ -266,6 +264,11 @@ class State:
         is the same: WAL journal, ``synchronous=FULL``, one commit per device round. ``reattach``: the database
         was opened (created, its schema checked) by this process before and only its connection was closed (a
         suspended agent, :class:`edge_agent.flower_app._OpenAgents`): the directory and schema checks are skipped.
+        ``transient`` (with ``hosted`` and ``reattach``): the connection serves one device round and is closed right
+        after it, so only the settings that round's commit depends on are made — exclusive locking (before the WAL
+        is opened) and ``synchronous=FULL``. The page-cache bound and the WAL's checkpoint and size limits matter only
+        to a connection that stays open (a round writes a few pages; closing the connection checkpoints the WAL into
+        the database and removes it), and the schema declares no foreign keys.
         """
         self.path = Path(path)
         #: pending outbox rows older than the last :meth:`commit_reports` batch (after its ``sent`` marks; None for
@@ -277,17 +280,20 @@ class State:
         if not reattach:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
+        transient = transient and hosted and reattach
         if hosted:
             if not reattach:  # takes effect on a new database only (before its first page is written)
                 self._db.execute(f"PRAGMA page_size={HOSTED_PAGE_SIZE}")
             self._db.execute("PRAGMA locking_mode=EXCLUSIVE")  # before WAL mode: the WAL index in heap memory
-            self._db.execute(f"PRAGMA cache_size={HOSTED_CACHE_PAGES}")
-            self._db.execute(f"PRAGMA wal_autocheckpoint={HOSTED_WAL_PAGES}")
-            self._db.execute(f"PRAGMA journal_size_limit={HOSTED_WAL_PAGES * (HOSTED_PAGE_SIZE + 24)}")
+            if not transient:
+                self._db.execute(f"PRAGMA cache_size={HOSTED_CACHE_PAGES}")
+                self._db.execute(f"PRAGMA wal_autocheckpoint={HOSTED_WAL_PAGES}")
+                self._db.execute(f"PRAGMA journal_size_limit={HOSTED_WAL_PAGES * (HOSTED_PAGE_SIZE + 24)}")
         if not reattach:  # the journal mode is persistent: a database this process opened before is in WAL mode
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
+        if not transient:
+            self._db.execute("PRAGMA foreign_keys=ON")
         if not reattach and self._schema_version() != SCHEMA_VERSION:  # a current database needs no write here
             self._create_schema()
             with self.transaction():
@@ -332,6 +338,9 @@ class State:
         1 → 2: ``ledger.delta`` (nullable; existing charges are pure ε and keep NULL).
         2 → 3: ``ledger.unit`` (the privacy unit of the charge; every older charge was a per-value memo charge, so
         existing rows get ``value``) and ``ledger.until`` (the end of the time a charge covers; NULL = its ``ts``).
+        3 → 4: the ledger's indexes on ``(stream, ts)`` and ``round_id`` are dropped. No statement of the agent
+        used them (the caps are summed in one pass over the ledger, :class:`_Spent`), and every charge wrote two
+        more B-tree entries (pages written to the WAL and checkpointed) and every connection parsed them.
         """
         cols = {row[1] for row in self._db.execute("PRAGMA table_info(ledger)").fetchall()}
         if version < 2 and "delta" not in cols:
@@ -344,6 +353,9 @@ class State:
                                  "CHECK (unit IN ('device', 'value'))")
             if "until" not in cols:
                 self._db.execute("ALTER TABLE ledger ADD COLUMN until REAL")
+        if version < 4:
+            self._db.execute("DROP INDEX IF EXISTS ledger_stream_ts")
+            self._db.execute("DROP INDEX IF EXISTS ledger_round")
         self._set("schema_version", SCHEMA_VERSION)
 
     # --- plumbing -----------------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ def state_floor(devices: int = 1000, rounds: int = 3, payload_bytes: int = 420) 
             reattached = checked = 0.0
             for path in paths:
                 t0 = time.thread_time()
-                state = State(path, hosted=True, reattach=True)
+                state = State(path, hosted=True, reattach=True, transient=True)
                 t1 = time.thread_time()
                 state.round_seen(round_id)
                 done = state.commit_reports(requests, total_cap=1e9, renewal_period_s=None, max_pending=1000,

@@ -215,9 +215,25 @@ def test_version_1_state_database_is_migrated_in_place(tmp_path):
         assert [r["delta"] for r in st.ledger_rows()] == [None] and st.spent() == 0.5
         # every charge before privacy units was a per-value memo charge
         assert [r["unit"] for r in st.ledger_rows()] == ["value"] and st.spent_by_unit() == {"value": 0.5}
-        assert int(st._get("schema_version")) == SCHEMA_VERSION == 3
+        assert int(st._get("schema_version")) == SCHEMA_VERSION == 4
     with State(path) as st:  # idempotent
         assert len(list(st.ledger_rows())) == 1
+
+
+def test_version_3_database_drops_the_unused_ledger_indexes_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "v3.db"
+    with State(path) as st:
+        req = ReportRequest(stream="s", round_id="r", memo_key="k", spec="{}", mechanism="grr", epsilon=0.5,
+                            stream_cap=10.0, make_body=lambda: {"report": 1}, make_payload=lambda seq, b: ("t/x", b"{}"))
+        st.commit_reports([req], total_cap=10.0, renewal_period_s=None, max_pending=10)
+        st._db.executescript("CREATE INDEX ledger_stream_ts ON ledger (stream, ts);"
+                             "CREATE INDEX ledger_round ON ledger (round_id);"
+                             "UPDATE meta SET value = 3 WHERE key = 'schema_version';")
+    with State(path) as st:
+        indexes = {r[0] for r in st._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert indexes.isdisjoint({"ledger_stream_ts", "ledger_round"}) and "outbox_status_seq" in indexes
+        assert int(st._get("schema_version")) == SCHEMA_VERSION and st.spent() == 0.5
+        assert [r["memo_key"] for r in st.ledger_rows()] == ["k"]
 
 
 def test_the_device_ledger_and_the_accountant_agree(tmp_path):
@@ -276,6 +292,17 @@ def test_hosted_database_keeps_wal_and_full_sync_without_a_shared_memory_file(tm
         assert c.memo_hit and st.ledger_max is None
     finally:
         st.close()
+    st = State(path, hosted=True, reattach=True, transient=True)  # one device round, closed right after it
+    try:
+        assert st._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert st._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: the round's commit is as durable
+        (c,) = _commit(st, [_req(key="c")])
+        assert c.charged == 1.0 and st.ledger_max == 3
+        assert st._db.execute("PRAGMA locking_mode").fetchone()[0] == "exclusive"
+        assert not path.with_name(path.name + "-shm").exists()
+    finally:
+        st.close()
+    assert not path.with_name(path.name + "-wal").exists()  # closing checkpointed the WAL into the database
     with State(path) as st:  # closed: any process may open it again, everything committed is there
-        assert st.spent() == 2.0 and st.check_invariants()["ok"]
+        assert st.spent() == 3.0 and st.check_invariants()["ok"]
         assert st._db.execute("PRAGMA page_size").fetchone()[0] == HOSTED_PAGE_SIZE  # a database keeps its pages
