@@ -180,20 +180,26 @@ class _Spent:
     def load(cls, db: sqlite3.Connection, requests: Sequence["ReportRequest"], period: float | None,
              now: float) -> tuple["_Spent", int, int]:
         """(the spent sums, pending outbox rows, ``next_seq``): one statement, read in the batch's transaction."""
-        since = -float("inf") if period is None else now - period
         streams = list(dict.fromkeys(r.stream for r in requests))
         rounds = list(dict.fromkeys(r.round_id for r in requests))
-        cols = ["COALESCE(SUM(CASE WHEN stream = ? AND COALESCE(until, ts) > ? THEN epsilon END), 0)"] * len(streams)
-        cols += ["COALESCE(SUM(CASE WHEN round_id = ? THEN epsilon END), 0)"] * len(rounds)
-        cols += ["COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN epsilon END), 0)",
-                 "COALESCE(SUM(CASE WHEN COALESCE(until, ts) > ? THEN delta END), 0)", "MAX(ts)", "MAX(id)",
-                 _PENDING_SQL, _NEXT_SEQ_SQL]
-        args: list[Any] = [a for s in streams for a in (s, since)] + rounds + [since, since]
-        row = db.execute(f"SELECT {', '.join(cols)} FROM ledger", args).fetchone()
+        if period is None:  # every charge counts: no window condition to compile (the statement is most of the cost)
+            cols = ["SUM(CASE WHEN stream = ? THEN epsilon END)"] * len(streams)
+            cols += ["SUM(CASE WHEN round_id = ? THEN epsilon END)"] * len(rounds)
+            cols += ["SUM(epsilon)", "SUM(delta)"]
+            args: list[Any] = streams + rounds
+        else:
+            since = now - period
+            cols = ["SUM(CASE WHEN stream = ? AND COALESCE(until, ts) > ? THEN epsilon END)"] * len(streams)
+            cols += ["SUM(CASE WHEN round_id = ? THEN epsilon END)"] * len(rounds)
+            cols += ["SUM(CASE WHEN COALESCE(until, ts) > ? THEN epsilon END)",
+                     "SUM(CASE WHEN COALESCE(until, ts) > ? THEN delta END)"]
+            args = [a for s in streams for a in (s, since)] + rounds + [since, since]
+        cols += ["MAX(ts)", "MAX(id)", _PENDING_SQL, _NEXT_SEQ_SQL]
+        row = [0.0 if v is None else v for v in db.execute(f"SELECT {', '.join(cols)} FROM ledger", args).fetchone()]
         ns, nr = len(streams), len(rounds)
         spent = cls(dict(zip(streams, row[:ns])), dict(zip(rounds, row[ns:ns + nr])), row[ns + nr],
-                    row[ns + nr + 1], max(now, row[ns + nr + 2] or 0.0), int(row[ns + nr + 3] or 0))
-        return spent, int(row[-2]), int(row[-1] or 0)
+                    row[ns + nr + 1], max(now, row[ns + nr + 2]), int(row[ns + nr + 3]))
+        return spent, int(row[-2]), int(row[-1])
 
     def check(self, stream: str, round_id: str, eps: float, stream_cap: float, total_cap: float,
               round_cap: float | None, delta: float, delta_cap: float | None) -> None:
