@@ -120,8 +120,9 @@ _FLOOR_STREAMS = ("age", "edu", "syn")
 
 def state_floor(devices: int = 1000, rounds: int = 3, payload_bytes: int = 420) -> dict[str, float]:
     """The SQLite work of a device round alone: thread-CPU µs per device round of :class:`edge_agent.state.State` on
-    a *hosted* database reattached for the round, as a 100,000-device simulation's shard host does it, with no
-    agent around it (no reading, privatization or signing: the reports are ready bytes).
+    a *hosted* database reattached for the round (a one-round connection, ``transient``), as a 100,000-device
+    simulation's shard host does it, with no agent around it (no reading, privatization or signing: the reports are
+    ready bytes).
 
     A round is what an answered round writes: the answered-once check (:meth:`State.round_seen`), then ONE
     :meth:`State.commit_reports` transaction with the round's record, a counter, the ``sent`` marks of the reports
