@@ -164,7 +164,9 @@ class _OpenAgents:
     measured footprint per device). ``hosted`` opens the agents' databases as :class:`State` ``hosted`` (exclusive
     locking, small page cache, short WAL): for a process that is the only user of its devices' databases (a
     simulation's shard host); a hosted agent kept open is reattached right after its boot, so that its connection
-    holds the statements its rounds use and not those of the boot's ledger checks.
+    holds the statements its rounds use and not those of the boot's ledger checks; a suspended hosted agent's
+    database is reattached for one round (:class:`State` ``transient``: exclusive locking and ``synchronous=FULL``
+    only — its caller releases it after the round, and closing checkpoints and removes the WAL).
     """
 
     def __init__(self) -> None:
@@ -270,7 +272,8 @@ class DeviceShard:
         self.defer_sent = bool(defer_sent)
 
     def agents(self) -> list[Agent]:
-        """Every hosted device's open agent (kept open beyond the descriptor budget: small shards and tests)."""
+        """Every hosted device's open agent (kept open beyond the descriptor budget: small shards and tests; a
+        suspended agent's one-round connection stays open until :meth:`_OpenAgents.release` or ``close_all``)."""
         return [OPEN_AGENTS.get(d) for d in self.devices]
 
     def announce(self) -> tuple[list[str], list[str]]:

@@ -289,6 +289,36 @@ def test_agents_beyond_capacity_are_suspended_not_rebooted(fast_path):
         OPEN_AGENTS.max_open, OPEN_AGENTS.capacity = saved
 
 
+def test_hosted_suspended_agents_reattach_for_one_round_and_resident_ones_keep_their_bounds(fast_path):
+    from edge_agent.state import HOSTED_CACHE_PAGES
+
+    key = wire.generate_signing_key()
+    spec = _spec(fast_path, key, n=3, shard=3)
+    saved = (OPEN_AGENTS.max_open, OPEN_AGENTS.capacity, OPEN_AGENTS.hosted)
+    try:
+        assert OPEN_AGENTS.configure(devices=3, max_open=1, hosted=True) == 1
+        shard = SimHostFactory(spec)({"partition-id": 0})
+        shard.announce()
+        answer = shard.answer(_round(key, "r0", params=round_params(spec)), t=0)
+        assert answer.counters["status.answered"] == 3
+        assert len(OPEN_AGENTS.resident & {s.key for s in shard.devices}) == 1  # the other two are suspended
+        for spec_ in shard.devices:
+            agent = OPEN_AGENTS.get(spec_)  # a suspended agent: a one-round connection (State transient)
+            db = agent.state._db
+            pragmas = {p: db.execute(f"PRAGMA {p}").fetchone()[0]
+                       for p in ("cache_size", "synchronous", "locking_mode", "journal_mode")}
+            assert pragmas["synchronous"] == 2 and pragmas["journal_mode"] == "wal"
+            assert pragmas["locking_mode"] == "exclusive"
+            if spec_.key in OPEN_AGENTS.resident:  # kept open: its page cache and WAL stay bounded
+                assert pragmas["cache_size"] == HOSTED_CACHE_PAGES
+            else:
+                assert pragmas["cache_size"] != HOSTED_CACHE_PAGES
+            OPEN_AGENTS.release(agent, spec_.key)
+    finally:
+        OPEN_AGENTS.close_all()
+        OPEN_AGENTS.max_open, OPEN_AGENTS.capacity, OPEN_AGENTS.hosted = saved
+
+
 def test_descriptor_limit_and_memory_policy():
     import resource
 
