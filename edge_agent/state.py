@@ -183,18 +183,14 @@ class _Spent:
         streams = list(dict.fromkeys(r.stream for r in requests))
         rounds = list(dict.fromkeys(r.round_id for r in requests))
         if period is None:  # every charge counts: no window condition to compile (the statement is most of the cost)
-            cols = ["SUM(CASE WHEN stream = ? THEN epsilon END)"] * len(streams)
-            cols += ["SUM(CASE WHEN round_id = ? THEN epsilon END)"] * len(rounds)
-            cols += ["SUM(epsilon)", "SUM(delta)"]
-            args: list[Any] = streams + rounds
+            window, since, totals = "", [], ["SUM(epsilon)", "SUM(delta)"]
         else:
-            since = now - period
-            cols = ["SUM(CASE WHEN stream = ? AND COALESCE(until, ts) > ? THEN epsilon END)"] * len(streams)
-            cols += ["SUM(CASE WHEN round_id = ? THEN epsilon END)"] * len(rounds)
-            cols += ["SUM(CASE WHEN COALESCE(until, ts) > ? THEN epsilon END)",
-                     "SUM(CASE WHEN COALESCE(until, ts) > ? THEN delta END)"]
-            args = [a for s in streams for a in (s, since)] + rounds + [since, since]
-        cols += ["MAX(ts)", "MAX(id)", _PENDING_SQL, _NEXT_SEQ_SQL]
+            window, since = " AND COALESCE(until, ts) > ?", [now - period]
+            totals = [f"SUM(CASE WHEN COALESCE(until, ts) > ? THEN {col} END)" for col in ("epsilon", "delta")]
+        cols = [f"SUM(CASE WHEN stream = ?{window} THEN epsilon END)"] * len(streams)
+        cols += ["SUM(CASE WHEN round_id = ? THEN epsilon END)"] * len(rounds)
+        cols += [*totals, "MAX(ts)", "MAX(id)", _PENDING_SQL, _NEXT_SEQ_SQL]
+        args: list[Any] = [a for s in streams for a in (s, *since)] + rounds + since * 2
         row = [0.0 if v is None else v for v in db.execute(f"SELECT {', '.join(cols)} FROM ledger", args).fetchone()]
         ns, nr = len(streams), len(rounds)
         spent = cls(dict(zip(streams, row[:ns])), dict(zip(rounds, row[ns:ns + nr])), row[ns + nr],
