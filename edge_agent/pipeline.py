@@ -161,7 +161,8 @@ class Pipeline:
                 canon = canonical_value(x)
             values[d.name] = x
             canonical[d.name] = canon
-        ts = bounds.normalise([values[d.name] for d in numeric]).tolist() if bounds is not None else []
+        # the clipped readings, α-rounded within their bounds: normalised without a second check and clip
+        ts = bounds.scale([values[d.name] for d in numeric]).tolist() if bounds is not None else []
         for d, t in zip(numeric, ts):
             normalised[d.name] = t
         return Record(values, normalised, canonical, tuple(clipped), tuple(rounded), exact)
@@ -230,12 +231,16 @@ class Pipeline:
         return np.asarray([t], dtype=float) if vector else np.asarray(t, dtype=float)
 
     def _body_maker(self, plan: StreamPlan, x: np.ndarray) -> Callable[[], dict[str, Any]]:
-        codec = catalogue.entry(plan.mechanism_name)
-        # a distribution mechanism privatizes the value on the unit scale of its grid (``_mechanism_input``)
-        privatize = plan.mechanism.privatize_unit if plan.distribution else plan.mechanism.privatize
+        codec, mech = catalogue.entry(plan.mechanism_name), plan.mechanism
+        if plan.distribution:  # privatizes the value on the unit scale of its grid (``_mechanism_input``)
+            def row() -> Any:
+                return np.asarray(mech.privatize_unit(x, self.rng))[0]
+        else:  # the one user's row (``privatize_one``: the batch's draws without its per-call cost)
+            def row() -> Any:
+                return mech.privatize_one(x[0], self.rng)
 
         def new_body() -> dict[str, Any]:
-            return make_body(codec.encode_row(plan.mechanism, np.asarray(privatize(x, self.rng))[0]))
+            return make_body(codec.encode_row(mech, row()))
 
         return new_body
 

@@ -32,6 +32,8 @@ __all__ = [
     "check_unit_interval",
     "check_bounds",
     "check_categories",
+    "check_category",
+    "check_unit_value",
     "confidence_interval",
     "normal_half_width",
     "normal_quantile",
@@ -91,6 +93,43 @@ def check_unit_interval(values: Any, name: str = "values") -> np.ndarray:
     return arr
 
 
+def check_unit_value(value: Any, name: str = "value") -> float:
+    """One user's input of a numeric mechanism as a float in [-1, 1]: :func:`check_unit_interval` of one value. A
+    Python or numpy real number is checked without numpy's per-call cost (the same messages); anything else goes
+    through the batch check, and must be one value."""
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        arr = check_unit_interval(np.asarray([value]), name).reshape(-1)
+        if arr.size != 1:
+            raise ValueError(f"{name} must be one number, got {arr.size} values")
+        return float(arr[0])
+    t = float(value)
+    if not -1.0 <= t <= 1.0:  # also true for NaN
+        if not math.isfinite(t):
+            raise ValueError(f"{name} must be finite; got NaN or infinity")
+        raise ValueError(f"{name} must lie in [-1, 1] (normalise first); got range [{t:.6g}, {t:.6g}]")
+    return t
+
+
+def check_category(value: Any, k: int, name: str = "value") -> int:
+    """One user's input of a frequency oracle as an int in [0, k): :func:`check_categories` of one value. A Python
+    or numpy integer, or a float64/float32/float16 with an integral value, is checked without numpy's per-call cost
+    (the same messages); anything else goes through the batch check, and must be one value."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be integer category indices in [0, {k}), got dtype bool")
+    if isinstance(value, (int, np.integer)):
+        v = int(value)
+    elif isinstance(value, (float, np.float64, np.float32, np.float16)) and float(value).is_integer():
+        v = int(value)  # exact: these floats convert to float without rounding
+    else:
+        arr = check_categories(np.asarray([value]), k, name).reshape(-1)  # the batch check's errors
+        if arr.size != 1:
+            raise ValueError(f"{name} must be one category index, got {arr.size} values")
+        return int(arr[0])
+    if not 0 <= v < k:
+        raise ValueError(f"{name} must lie in [0, {k}); got range [{v}, {v}]")
+    return v
+
+
 def check_bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
     """Declared bounds of numeric values as float arrays: finite, with ``hi > lo`` in every dimension (ValueError
     otherwise). The one bounds check of normalisation, rounding and the simulations."""
@@ -107,7 +146,8 @@ def check_categories(values: Any, k: int, name: str = "values") -> np.ndarray:
     """Inputs of frequency oracles: integers in [0, k)."""
     arr = np.asarray(values)
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if not np.issubdtype(arr.dtype, np.floating) or not np.all(arr == np.round(arr)):
+        if (not np.issubdtype(arr.dtype, np.floating) or not np.isfinite(arr).all()
+                or not np.all(arr == np.round(arr))):  # ±inf equals its rounding but is no category
             raise ValueError(f"{name} must be integer category indices in [0, {k}), got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
     if arr.size and (arr.min() < 0 or arr.max() >= k):
@@ -158,6 +198,15 @@ class Mechanism(ABC):
     @abstractmethod
     def estimate(self, reports: np.ndarray) -> Any:
         """Population estimate from the users' reports."""
+
+    def privatize_one(self, value: Any, rng: np.random.Generator) -> Any:
+        """One user's report row: ``privatize([value], rng)[0]``, drawing the same random numbers in the same order
+        (so every exact likelihood ratio and audit of :meth:`privatize` holds for it; tested for equality on shared
+        seeds). A device privatizes one value at a time, where numpy's per-call cost dominates a batch of one: the
+        mechanisms a device runs most override it with scalar arithmetic (returning Python numbers where the batch
+        has numpy scalars; the encoded report is the same). A subclass that changes :meth:`privatize` must change
+        this too: tests/protocols/test_catalogue.py checks the equality for every catalogued stream mechanism."""
+        return np.asarray(self.privatize(np.asarray(value)[None], rng))[0]
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self._params().items())

@@ -494,7 +494,12 @@ class Bounds:
     def normalise(self, x: Any) -> np.ndarray:
         """Clip to [lo, hi] and map to [-1, 1]: ``t = 2(x - lo)/(hi - lo) - 1``. ValueError for non-finite
         values."""
-        return np.clip(2.0 * (self.clip(x) - self.lo) / self._span - 1.0, -1.0, 1.0)
+        return self.scale(self.clip(x))
+
+    def scale(self, x: Any) -> np.ndarray:
+        """Map values already clipped to [lo, hi] (:meth:`clip`; α-rounded values stay in it) to [-1, 1]:
+        :meth:`normalise` without checking and clipping them again."""
+        return np.clip(2.0 * (np.asarray(x, dtype=float) - self.lo) / self._span - 1.0, -1.0, 1.0)
 
 
 def clip(x: Any, lo: Any, hi: Any) -> np.ndarray:

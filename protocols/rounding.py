@@ -95,7 +95,10 @@ def _score(w: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 class VolatilityDetector:
     """Sliding window (RAM only) of the last W + 1 values of each of d dimensions; volatile iff score > τ.
 
-    ``update(x)`` appends one record x of shape (d,) and returns the boolean mask of volatile dimensions.
+    ``update(x)`` appends one record x of shape (d,) and returns the boolean mask of volatile dimensions;
+    ``push(x)`` appends it only. The scores are computed when asked for (:attr:`scores`, :attr:`volatile`), at most
+    once per window state: :func:`epoch_plan` asks when it makes a new epoch's plan (or tries to, for a reading
+    behind a restored plan), not for every reading of an epoch.
     """
 
     def __init__(self, lo: Any, hi: Any, window: int = 16, tau: float = 0.01) -> None:
@@ -116,10 +119,15 @@ class VolatilityDetector:
         #: the window in time order, oldest first: rows [0, count) hold values; once full, each update shifts it
         self._buffer = np.zeros((self.window + 1, self.d))
         self._count = 0  # values seen (saturates the window at W + 1)
-        self._scores = np.zeros(self.d)
+        self._scores: np.ndarray | None = np.zeros(self.d)  # None: not computed since the last push
 
     def update(self, x: Any) -> np.ndarray:
         """Add one record (shape (d,)); return ``scores > tau``."""
+        self.push(x)
+        return self.volatile
+
+    def push(self, x: Any) -> None:
+        """Add one record (shape (d,)) to the window."""
         arr = _finite(x, "x").reshape(-1)
         if arr.size != self.d:
             raise ValueError(f"expected a record of {self.d} values, got {arr.size}")
@@ -129,8 +137,12 @@ class VolatilityDetector:
         else:  # drop the oldest value (an overlapping copy, which numpy makes correctly)
             self._buffer[:-1] = self._buffer[1:]
             self._buffer[-1] = arr
-        self._scores = _score(self._buffer[: self._count], self.lo, self.hi)  # bounds checked once, in __init__
-        return self.volatile
+        self._scores = None
+
+    def _current_scores(self) -> np.ndarray:
+        if self._scores is None:
+            self._scores = _score(self._buffer[: self._count], self.lo, self.hi)  # bounds checked once, in __init__
+        return self._scores
 
     @property
     def count(self) -> int:
@@ -143,11 +155,11 @@ class VolatilityDetector:
 
     @property
     def scores(self) -> np.ndarray:
-        return self._scores.copy()
+        return self._current_scores().copy()
 
     @property
     def volatile(self) -> np.ndarray:
-        return self._scores > self.tau
+        return self._current_scores() > self.tau
 
 
 def _check_k_eta(k_base: Any, eta: Any) -> tuple[int, float]:
@@ -382,7 +394,7 @@ class EpochSteps:
 
 def epoch_plan(epochs: EpochSteps, detector: VolatilityDetector, index: int) -> EpochPlan | None:
     """The rounding plan for a device's reading number ``index`` (0-based, counted from its first reading), asked
-    right after ``detector.update`` with that reading: the one rule of the device (:mod:`edge_agent.rounding_state`)
+    right after ``detector.push`` (or ``update``) with that reading: the one rule of the device (:mod:`edge_agent.rounding_state`)
     and of the fleet simulator (:mod:`simulations.fleet_pipeline`).
 
     * None while the first window fills (fewer than W + 1 values and no plan yet: scores of one or two values mean
@@ -392,9 +404,12 @@ def epoch_plan(epochs: EpochSteps, detector: VolatilityDetector, index: int) -> 
     * an ``index`` behind the current plan's epoch (a plan restored from persisted state after a clock change or a
       crash) keeps the current plan.
     """
-    if epochs.current is None and detector.count <= detector.window:
+    current = epochs.current
+    if current is None and detector.count <= detector.window:
         return None
     try:
+        if current is not None and epochs.epoch_of(index) == current.epoch:
+            return current  # the epoch's plan: no scores needed (EpochSteps.plan would return it too)
         return epochs.plan(index, detector.scores)
     except ValueError:
         return epochs.current
@@ -432,7 +447,7 @@ def round_reading(detector: VolatilityDetector, epochs: EpochSteps, rounder: Alp
     before the first plan — are α-rounded on the base grid ``(hi - lo)/K_base`` too.
     """
     x = np.asarray(x, dtype=float).reshape(-1)
-    detector.update(x)
+    detector.push(x)
     plan = epoch_plan(epochs, detector, index)
     zeros = np.zeros(x.size, dtype=np.int64)
     if plan is None and not base_grid:

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import FrequencyOracle, check_int
+from protocols.base import FrequencyOracle, check_category, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_vector, user_values
 
-__all__ = ["GRR", "grr_perturb"]
+__all__ = ["GRR", "grr_perturb", "grr_perturb_one"]
 
 
 def grr_perturb(values: np.ndarray, k: int, p: float, rng: np.random.Generator) -> np.ndarray:
@@ -31,17 +31,28 @@ def grr_perturb(values: np.ndarray, k: int, p: float, rng: np.random.Generator) 
     return np.where(keep, values, other)
 
 
+def grr_perturb_one(value: int, k: int, p: float, rng: np.random.Generator) -> int:
+    """:func:`grr_perturb` of one value: the same draws in the same order (a uniform, then the other value's
+    offset, drawn even when the value is kept)."""
+    keep = rng.random() < p
+    other = (value + 1 + int(rng.integers(0, k - 1))) % k
+    return value if keep else other
+
+
 class GRR(FrequencyOracle):
     """Generalized randomized response over ``[0, k)``; reports are int64 values in ``[0, k)``."""
 
     def __init__(self, epsilon: float, k: int) -> None:
         self.epsilon = oracle_epsilon(epsilon)
-        self.k = check_int(k, "k", minimum=2)
+        self.k = check_int(k, "k", minimum=2, maximum=1 << 62)  # x + 1 + U{0..k-2} stays below 2^63 (int64)
         self.p, self.q = keep_probability(self.epsilon, self.k - 1)
 
     def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
         x = user_values(values, self.k)
         return grr_perturb(x, self.k, self.p, rng)
+
+    def privatize_one(self, value: Any, rng: np.random.Generator) -> int:
+        return grr_perturb_one(check_category(value, self.k), self.k, self.p, rng)
 
     def support_counts(self, reports: np.ndarray) -> np.ndarray:
         y = report_vector(reports, self.k)

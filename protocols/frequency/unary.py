@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import FrequencyOracle, check_int
+from protocols.base import FrequencyOracle, check_category, check_int
 from protocols.frequency._common import oracle_epsilon, user_values
 
 __all__ = ["UnaryEncoding", "SUE", "OUE"]
@@ -58,6 +58,12 @@ class UnaryEncoding(FrequencyOracle):
             np.less(rng.random((stop - start, k)), self.q, out=block, casting="unsafe")
             block[np.arange(stop - start), x[start:stop]] = rng.random(stop - start) < self.p
         return out
+
+    def privatize_one(self, value: Any, rng: np.random.Generator) -> np.ndarray:
+        x = check_category(value, self.k)
+        row = (rng.random(self.k) < self.q).astype(self.report_dtype)
+        row[x] = rng.random() < self.p
+        return row
 
     def support_counts(self, reports: np.ndarray) -> np.ndarray:
         bits = self._check_bits(reports)

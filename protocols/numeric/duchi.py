@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import NumericMechanism, check_unit_interval
+from protocols.base import NumericMechanism, check_unit_interval, check_unit_value
 
 from ._common import (
     VectorMeanMechanism,
@@ -61,6 +61,10 @@ class Duchi(NumericMechanism):
         t = check_unit_interval(values)
         plus = check_rng(rng).random(t.shape) < 0.5 + t / (2 * self.bound)
         return np.where(plus, self.bound, -self.bound)
+
+    def privatize_one(self, value: Any, rng: np.random.Generator) -> float:
+        t = check_unit_value(value)
+        return self.bound if check_rng(rng).random() < 0.5 + t / (2 * self.bound) else -self.bound
 
     def debias(self, reports: np.ndarray) -> np.ndarray:
         return check_reports(reports, self.bound)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import NumericMechanism, check_unit_interval
+from protocols.base import NumericMechanism, check_unit_interval, check_unit_value
 
 from ._common import as_result, check_bounded_epsilon, check_reports, check_rng
 from .duchi import Duchi
@@ -72,6 +72,17 @@ class Piecewise(NumericMechanism):
         low = np.where(low >= left, low + (self.bound - 1), low)
         return np.where(inside, high, low)
 
+    def privatize_one(self, value: Any, rng: np.random.Generator) -> float:
+        t = check_unit_value(value)
+        rng = check_rng(rng)
+        left = (self.bound + 1) * t / 2 - (self.bound - 1) / 2
+        inside = rng.random() < self.p_inside
+        u = rng.random()
+        if inside:
+            return left + (self.bound - 1) * u
+        low = -self.bound + (self.bound + 1) * u
+        return low + (self.bound - 1) if low >= left else low
+
     def debias(self, reports: np.ndarray) -> np.ndarray:
         return check_reports(reports, self.bound)
 
@@ -125,6 +136,11 @@ class Hybrid(NumericMechanism):
         if n_pm < flat.size:
             out[~use_pm] = self.duchi.privatize(flat[~use_pm], rng)
         return out.reshape(t.shape)
+
+    def privatize_one(self, value: Any, rng: np.random.Generator) -> float:
+        t = check_unit_value(value)
+        part = self.piecewise if check_rng(rng).random() < self.alpha else self.duchi
+        return part.privatize_one(t, rng)
 
     def debias(self, reports: np.ndarray) -> np.ndarray:
         return check_reports(reports, self.bound)

@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from protocols.base import check_categories, check_epsilon, check_int, check_unit_interval, confidence_interval
+from protocols.base import (
+    check_categories,
+    check_category,
+    check_epsilon,
+    check_int,
+    check_unit_interval,
+    check_unit_value,
+    confidence_interval,
+)
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "x", None])
@@ -31,6 +39,33 @@ def test_parameter_checks():
     with pytest.raises(ValueError, match="integer"):
         check_categories([0.5], 4)
     assert check_categories([0.0, 3.0], 4).tolist() == [0, 3]
+
+
+def test_one_value_checks_are_the_batch_checks_of_one_value():
+    """check_unit_value / check_category (a device's one-user path) accept and refuse what the batch checks do,
+    with the same messages."""
+    for v in (-1.0, 0.0, 0.25, 1.0, np.float64(0.5), 1, np.int64(-1)):
+        assert check_unit_value(v) == float(check_unit_interval([v])[0])
+    for bad in (1.5, -1.0000001, float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError) as one:
+            check_unit_value(bad)
+        with pytest.raises(ValueError) as batch:
+            check_unit_interval([bad])
+        assert str(one.value).replace("value", "values", 1) == str(batch.value)
+    for v in (0, 3, np.int64(2), 2.0, np.float32(1.0), np.uint8(3), np.longdouble(2), [1]):
+        assert check_category(v, 4) == int(check_categories(np.asarray([v]).reshape(-1), 4)[0])
+    assert check_unit_value([0.5]) == 0.5 and check_unit_value(np.float32(0.25)) == 0.25
+    for bad in (None, "x", [0.1, 0.2]):
+        with pytest.raises(ValueError):
+            check_unit_value(bad)
+    with pytest.raises(ValueError, match="one category"):
+        check_category([1, 2], 4)
+    for bad in (-1, 4, 2.5, float("nan"), float("inf"), "x", True, np.bool_(False), None,
+                np.longdouble(2) + np.longdouble(2) ** -60):
+        with pytest.raises(ValueError):
+            check_category(bad, 4)
+        with pytest.raises((ValueError, TypeError)):
+            check_categories(np.asarray([bad]), 4)
 
 
 def test_confidence_interval():

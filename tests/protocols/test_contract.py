@@ -32,3 +32,17 @@ def test_component_form_of_haar_is_converted_to_haar_record_params():
         StreamSpec.model_validate({"kind": "haar", "dims": ["a", "b"], "bounds": [[0, 1]] * 2,
                                    "mean": {"mechanism": "hybrid", "params": {"epsilon": 0.5}},
                                    "detail": {"mechanism": "ksampling", "params": {"epsilon": 1.5, "d": 3}}})
+
+
+def test_bounds_scale_is_normalise_of_values_already_in_bounds(rng):
+    """``Bounds.scale`` (a device's α-rounded readings, clipped already) equals ``normalise`` bit for bit on values
+    in [lo, hi], including the bounds themselves; ``normalise`` alone clips and checks."""
+    from protocols.contract import Bounds
+
+    lo, hi = np.array([0.0, -5.0, 17.0]), np.array([100.0, 5.0, 90.0])
+    b = Bounds(lo, hi)
+    x = np.vstack([lo, hi, rng.uniform(lo, hi, (500, 3))])
+    assert b.scale(x).tolist() == b.normalise(x).tolist() == normalise(x, lo, hi).tolist()
+    assert b.normalise([150.0, -9.0, 17.0]).tolist() == [1.0, -1.0, -1.0]
+    with pytest.raises(ValueError, match="finite"):
+        b.normalise([np.nan, 0.0, 20.0])

@@ -273,3 +273,33 @@ def test_round_reading_of_many_dimensions_is_each_dimension_alone(rng):
         seen_rounded |= bool(out.rounded.any())
         assert np.all(out.values[~out.rounded] == row[~out.rounded])
     assert seen_rounded
+
+
+def test_round_reading_scores_the_window_at_epoch_starts_only(rng, monkeypatch):
+    """round_reading pushes each reading and asks for the volatility scores only when a new epoch's plan is made:
+    the same plans (and rounded values) as scoring the window after every reading, with one scoring per epoch."""
+    import protocols.rounding as rounding
+
+    lo, hi, u = np.array([0.0, -5.0]), np.array([100.0, 5.0]), rng.random(2)
+    x = np.clip(np.cumsum(rng.normal(0, 2.0, (60, 2)), axis=0) + [50.0, 0.0], lo, hi)
+    lazy = (VolatilityDetector(lo, hi, window=4), EpochSteps(lo, hi, epoch_length=6), AlphaRounder(lo, hi, u))
+    eager_det, eager_epochs = VolatilityDetector(lo, hi, window=4), EpochSteps(lo, hi, epoch_length=6)
+    calls = []
+    score = rounding._score
+    monkeypatch.setattr(rounding, "_score", lambda *a: calls.append(1) or score(*a))
+    made = 0
+    for i, row in enumerate(x):
+        before = len(calls)
+        out = rounding.round_reading(*lazy, i, row)
+        lazy_calls = len(calls) - before
+        eager_det.update(row)  # scores the window now
+        plan = None if eager_epochs.current is None and eager_det.count <= eager_det.window \
+            else eager_epochs.plan(i, eager_det.scores)
+        assert (out.plan is None) == (plan is None)
+        if plan is not None:
+            assert out.plan.epoch == plan.epoch and out.plan.volatile.tolist() == plan.volatile.tolist()
+            assert out.plan.steps.tolist() == plan.steps.tolist()
+        new_plan = i == 4 or (i > 4 and i % 6 == 0)  # the first full window, then each epoch's start
+        assert lazy_calls == int(new_plan)
+        made += new_plan
+    assert made == 10
