@@ -139,7 +139,7 @@ class Pipeline:
         rounded: list[str] = []
         numeric = self._numeric
         bounds = self._bounds
-        xs = bounds.clip([raw[d.name] for d in numeric]).tolist() if bounds is not None else []
+        xs = bounds.clip_row([raw[d.name] for d in numeric]) if bounds is not None else []  # finite: validate
         for d, x in zip(numeric, xs):
             if x != raw[d.name]:
                 clipped.append(d.name)
@@ -162,7 +162,7 @@ class Pipeline:
             values[d.name] = x
             canonical[d.name] = canon
         # the clipped readings, α-rounded within their bounds: normalised without a second check and clip
-        ts = bounds.scale([values[d.name] for d in numeric]).tolist() if bounds is not None else []
+        ts = bounds.scale_row([values[d.name] for d in numeric]) if bounds is not None else []
         for d, t in zip(numeric, ts):
             normalised[d.name] = t
         return Record(values, normalised, canonical, tuple(clipped), tuple(rounded), exact)

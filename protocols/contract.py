@@ -64,6 +64,7 @@ the unit in their metadata.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -500,6 +501,18 @@ class Bounds:
         """Map values already clipped to [lo, hi] (:meth:`clip`; α-rounded values stay in it) to [-1, 1]:
         :meth:`normalise` without checking and clipping them again."""
         return np.clip(2.0 * (np.asarray(x, dtype=float) - self.lo) / self._span - 1.0, -1.0, 1.0)
+
+    def clip_row(self, row: Sequence[float]) -> list[float]:
+        """:meth:`clip` of ONE reading of finite floats, one per dimension of 1-D bounds (the caller checked them:
+        :func:`edge_agent.readings.check_value`), in Python floats: the same numbers as numpy's ``min(max(x, lo),
+        hi)`` without its per-call cost."""
+        return [min(max(x, lo), hi) for x, lo, hi in zip(row, self.lo.tolist(), self.hi.tolist(), strict=True)]
+
+    def scale_row(self, row: Sequence[float]) -> list[float]:
+        """:meth:`scale` of ONE reading already in [lo, hi] (:meth:`clip_row`), in Python floats: the same
+        operations in the same order, so the same numbers."""
+        return [min(max(2.0 * (x - lo) / span - 1.0, -1.0), 1.0)
+                for x, lo, span in zip(row, self.lo.tolist(), self._span.tolist(), strict=True)]
 
 
 def clip(x: Any, lo: Any, hi: Any) -> np.ndarray:

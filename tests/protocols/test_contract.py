@@ -46,3 +46,19 @@ def test_bounds_scale_is_normalise_of_values_already_in_bounds(rng):
     assert b.normalise([150.0, -9.0, 17.0]).tolist() == [1.0, -1.0, -1.0]
     with pytest.raises(ValueError, match="finite"):
         b.normalise([np.nan, 0.0, 20.0])
+
+
+def test_bounds_row_methods_are_the_array_methods_on_one_reading(rng):
+    """A device's one reading goes through ``clip_row`` / ``scale_row`` in Python floats: the same numbers as numpy's
+    ``clip`` / ``scale`` (the same operations in the same order), in and out of bounds, at the bounds and at ±0."""
+    from protocols.contract import Bounds
+
+    lo, hi = np.array([0.0, -5.0, 17.0]), np.array([100.0, 5.0, 90.0])
+    b = Bounds(lo, hi)
+    rows = np.vstack([lo, hi, lo - 1.0, hi + 1.0, [-0.0, 0.0, 17.0], rng.uniform(lo - 50, hi + 50, (2000, 3))])
+    for row in rows.tolist():
+        clipped = b.clip_row(row)
+        assert clipped == b.clip(row).tolist()
+        assert b.scale_row(clipped) == b.scale(clipped).tolist() == b.normalise(row).tolist()
+    with pytest.raises(ValueError):
+        b.clip_row([1.0, 2.0])  # one value per dimension
