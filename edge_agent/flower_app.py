@@ -223,9 +223,14 @@ class _OpenAgents:
                     agent.state.close()
                     agent.state = State(agent.config.database_path, hosted=True, reattach=True)
         elif agent.state is None:
-            agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True, transient=True)
+            self._reattach(agent)
             self.reattached += 1
         return agent
+
+    @staticmethod
+    def _reattach(agent: Agent) -> None:
+        """A suspended agent's one-round connection (:class:`State` ``transient``)."""
+        agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True, transient=True)
 
     def release(self, agent: Agent, key: str | None = None) -> None:
         """Suspend ``agent`` (close its database connection) unless it is one of the agents kept open; ``key``: its
@@ -240,7 +245,7 @@ class _OpenAgents:
         while self.agents:
             _, agent = self.agents.popitem()
             if agent.state is None and agent.sent_unmarked:  # suspended with marks to write: reattach to write them
-                agent.state = State(agent.config.database_path, hosted=agent.hosted, reattach=True, transient=True)
+                _OpenAgents._reattach(agent)
             agent.close()
         self.resident.clear()
 

@@ -495,12 +495,7 @@ class Bounds:
     def normalise(self, x: Any) -> np.ndarray:
         """Clip to [lo, hi] and map to [-1, 1]: ``t = 2(x - lo)/(hi - lo) - 1``. ValueError for non-finite
         values."""
-        return self.scale(self.clip(x))
-
-    def scale(self, x: Any) -> np.ndarray:
-        """Map values already clipped to [lo, hi] (:meth:`clip`; α-rounded values stay in it) to [-1, 1]:
-        :meth:`normalise` without checking and clipping them again."""
-        return np.clip(2.0 * (np.asarray(x, dtype=float) - self.lo) / self._span - 1.0, -1.0, 1.0)
+        return np.clip(2.0 * (self.clip(x) - self.lo) / self._span - 1.0, -1.0, 1.0)
 
     def clip_row(self, row: Sequence[float]) -> list[float]:
         """:meth:`clip` of ONE reading of finite floats, one per dimension of 1-D bounds (the caller checked them:
@@ -509,8 +504,8 @@ class Bounds:
         return [min(max(x, lo), hi) for x, lo, hi in zip(row, self.lo.tolist(), self.hi.tolist(), strict=True)]
 
     def scale_row(self, row: Sequence[float]) -> list[float]:
-        """:meth:`scale` of ONE reading already in [lo, hi] (:meth:`clip_row`), in Python floats: the same
-        operations in the same order, so the same numbers."""
+        """:meth:`normalise` of ONE reading already in [lo, hi] (:meth:`clip_row`; α-rounded values stay in it), in
+        Python floats without a second check and clip: the same operations in the same order, so the same numbers."""
         return [min(max(2.0 * (x - lo) / span - 1.0, -1.0), 1.0)
                 for x, lo, span in zip(row, self.lo.tolist(), self._span.tolist(), strict=True)]
 

@@ -19,7 +19,8 @@ P = (1 << 31) - 1
 SEED_BITS = 62
 MAX_ITEM = P - 1
 
-__all__ = ["P", "draw_seeds", "coefficients", "hash_values", "hash_matrix", "support_counts", "support_prefix_moments"]
+__all__ = ["P", "draw_seeds", "coefficients", "hash_values", "hash_one", "hash_matrix", "support_counts",
+           "support_prefix_moments"]
 
 
 def draw_seeds(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -42,6 +43,14 @@ def hash_values(seeds: Any, values: Any, g: int) -> np.ndarray:
         raise ValueError(f"hashed items must lie in [0, {MAX_ITEM}]")
     a, b = coefficients(np.asarray(seeds))
     return ((a * values + b) % P) % g
+
+
+def hash_one(seed: int, value: int, g: int) -> int:
+    """:func:`hash_values` of one seed and one item already checked to lie in [0, MAX_ITEM], in Python integers (a
+    device hashes one value per report; exact, as int64 is: a·v + b < 2^62): :func:`coefficients`' a and b, then
+    ``((a·v + b) mod P) mod g``."""
+    a, b = (seed >> 31) % (P - 1) + 1, (seed & P) % P
+    return (a * value + b) % P % g
 
 
 def hash_matrix(seeds: Any, k: int, g: int, chunk: int = 1 << 22) -> np.ndarray:

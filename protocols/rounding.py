@@ -394,8 +394,8 @@ class EpochSteps:
 
 def epoch_plan(epochs: EpochSteps, detector: VolatilityDetector, index: int) -> EpochPlan | None:
     """The rounding plan for a device's reading number ``index`` (0-based, counted from its first reading), asked
-    right after ``detector.push`` (or ``update``) with that reading: the one rule of the device (:mod:`edge_agent.rounding_state`)
-    and of the fleet simulator (:mod:`simulations.fleet_pipeline`).
+    right after ``detector.push`` (or ``update``) with that reading: the one rule of the device
+    (:mod:`edge_agent.rounding_state`) and of the fleet simulator (:mod:`simulations.fleet_pipeline`).
 
     * None while the first window fills (fewer than W + 1 values and no plan yet: scores of one or two values mean
       nothing) — the device reports exact values;

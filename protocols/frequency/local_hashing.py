@@ -34,7 +34,8 @@ import numpy as np
 from protocols.base import FrequencyOracle, check_category, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_matrix, user_values
 from protocols.frequency.direct import grr_perturb, grr_perturb_one
-from protocols.hashing import MAX_ITEM, SEED_BITS, P, draw_seeds, hash_values, support_counts, support_prefix_moments
+from protocols.hashing import (MAX_ITEM, SEED_BITS, draw_seeds, hash_one, hash_values, support_counts,
+                               support_prefix_moments)
 
 __all__ = ["LocalHashing", "BLH", "OLH"]
 
@@ -66,12 +67,11 @@ class LocalHashing(FrequencyOracle):
         return np.stack([seeds, y], axis=1)
 
     def privatize_one(self, value: Any, rng: np.random.Generator) -> np.ndarray:
-        """``[seed, y]`` of one value: the seed, then GRR's draws, as :meth:`privatize` draws them; the hash in
-        Python integers (exact, as int64 is: a·v + b < 2^62)."""
+        """``[seed, y]`` of one value: the seed, then GRR's draws, as :meth:`privatize` draws them
+        (:func:`protocols.hashing.hash_one`)."""
         x = check_category(value, self.k)
         seed = int(rng.integers(0, 1 << SEED_BITS, dtype=np.int64))
-        a, b = (seed >> 31) % (P - 1) + 1, (seed & P) % P
-        y = grr_perturb_one((a * x + b) % P % self.g, self.g, self.p, rng)
+        y = grr_perturb_one(hash_one(seed, x, self.g), self.g, self.p, rng)
         return np.array([seed, y], dtype=np.int64)
 
     def support_counts(self, reports: np.ndarray) -> np.ndarray:

@@ -34,15 +34,15 @@ def test_component_form_of_haar_is_converted_to_haar_record_params():
                                    "detail": {"mechanism": "ksampling", "params": {"epsilon": 1.5, "d": 3}}})
 
 
-def test_bounds_scale_is_normalise_of_values_already_in_bounds(rng):
-    """``Bounds.scale`` (a device's α-rounded readings, clipped already) equals ``normalise`` bit for bit on values
+def test_bounds_scale_row_is_normalise_of_values_already_in_bounds(rng):
+    """``Bounds.scale_row`` (a device's α-rounded reading, clipped already) equals ``normalise`` bit for bit on values
     in [lo, hi], including the bounds themselves; ``normalise`` alone clips and checks."""
     from protocols.contract import Bounds
 
     lo, hi = np.array([0.0, -5.0, 17.0]), np.array([100.0, 5.0, 90.0])
     b = Bounds(lo, hi)
     x = np.vstack([lo, hi, rng.uniform(lo, hi, (500, 3))])
-    assert b.scale(x).tolist() == b.normalise(x).tolist() == normalise(x, lo, hi).tolist()
+    assert [b.scale_row(row) for row in x.tolist()] == b.normalise(x).tolist() == normalise(x, lo, hi).tolist()
     assert b.normalise([150.0, -9.0, 17.0]).tolist() == [1.0, -1.0, -1.0]
     with pytest.raises(ValueError, match="finite"):
         b.normalise([np.nan, 0.0, 20.0])
@@ -50,7 +50,7 @@ def test_bounds_scale_is_normalise_of_values_already_in_bounds(rng):
 
 def test_bounds_row_methods_are_the_array_methods_on_one_reading(rng):
     """A device's one reading goes through ``clip_row`` / ``scale_row`` in Python floats: the same numbers as numpy's
-    ``clip`` / ``scale`` (the same operations in the same order), in and out of bounds, at the bounds and at ±0."""
+    ``clip`` / ``normalise`` (the same operations in the same order), in and out of bounds, at the bounds and at ±0."""
     from protocols.contract import Bounds
 
     lo, hi = np.array([0.0, -5.0, 17.0]), np.array([100.0, 5.0, 90.0])
@@ -59,6 +59,6 @@ def test_bounds_row_methods_are_the_array_methods_on_one_reading(rng):
     for row in rows.tolist():
         clipped = b.clip_row(row)
         assert clipped == b.clip(row).tolist()
-        assert b.scale_row(clipped) == b.scale(clipped).tolist() == b.normalise(row).tolist()
+        assert b.scale_row(clipped) == b.normalise(clipped).tolist() == b.normalise(row).tolist()
     with pytest.raises(ValueError):
         b.clip_row([1.0, 2.0])  # one value per dimension

@@ -25,7 +25,15 @@ from protocols.frequency import (
     project_simplex,
 )
 from protocols.frequency.hadamard import hadamard_entries
-from protocols.hashing import draw_seeds, hash_matrix, hash_values, support_counts, support_prefix_moments
+from protocols.hashing import (
+    MAX_ITEM,
+    draw_seeds,
+    hash_matrix,
+    hash_one,
+    hash_values,
+    support_counts,
+    support_prefix_moments,
+)
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 RTOL = 1e-12
@@ -312,6 +320,17 @@ def test_unary_reports_are_bits_and_pack_roundtrip(rng):
 
 
 # --- decoders equal brute force -------------------------------------------------------------------------------------
+
+
+def test_hash_one_is_hash_values_of_one_seed_and_item():
+    """A device's report hashes one item in Python integers (protocols.hashing.hash_one): the decoders' numpy hash,
+    for extreme seeds and items and 4,000 random pairs, at g from 2 to 2^30."""
+    rng = np.random.default_rng(3)
+    seeds = np.concatenate([[0, 1, (1 << 31) - 1, 1 << 31, (1 << 62) - 1], draw_seeds(4000, rng)])
+    items = np.concatenate([[0, 1, MAX_ITEM - 1, MAX_ITEM], rng.integers(0, MAX_ITEM + 1, 4001)])
+    for g in (2, 7, 360, 1 << 30):
+        expected = hash_values(seeds, items, g)
+        assert [hash_one(int(s), int(v), g) for s, v in zip(seeds, items, strict=True)] == expected.tolist()
 
 
 @pytest.mark.parametrize("g", [2, 3, 4, 7, 56])
