@@ -18,3 +18,15 @@ def test_floor_text_says_what_the_budget_leaves_for_the_agent():
 def test_floor_text_when_nothing_is_left():
     text = _floor_text({"open/close": 600.0, "transaction": 600.0, "devices": 2000, "rounds": 3}, COST, 1200.0)
     assert "1,440 µs of the 1,200 µs a device round may cost are spent, before any of the agent's own work" in text
+
+
+def test_capacity_text_from_the_large_rounds_and_the_open_rounds():
+    from simulations.bench.flower import _capacity_text
+
+    text = _capacity_text([1000.0, 800.0], [1250.0, 1430.0], 2)
+    assert "(800–1,000 devices/s), a 60 s round holds about 48,000–60,000 devices" in text
+    assert "1,250–1,430 µs of CPU: 100,000 devices at that cost take at least 62.5–71.5 s per round on 2 cores" in text
+    assert text.endswith("over the target even then.")
+    assert _capacity_text([900.0], [1100.0, 1300.0], 2).endswith("within the target only at the cheapest.")
+    assert _capacity_text([900.0], [1000.0, 1100.0], 2).endswith("— within the target.")
+    assert "no reattachment" not in _capacity_text([900.0], [], 2)
