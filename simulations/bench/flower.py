@@ -229,30 +229,34 @@ def _remaining(results: dict[tuple[int, str], Any], footprints: dict[tuple[int, 
         f"µs; Flower/Ray and the driver {cost['Flower/Ray + driver']:,.0f} µs. A round of ≤ {LARGE_SECONDS:.0f} s on "
         f"{cores} cores allows {allowed:,.0f} µs per device round: this is {verdict}.",
         *([] if floor is None else ["", _floor_text(floor, cost, allowed)]),
-        "", _capacity_text([n / s for s in large.round_seconds], _open_costs(results), cores),
+        "",
+        _capacity_text([n / s for s in large.round_seconds], _open_costs(results), cores, reattached=opened < n),
     ]
 
 
 def _open_costs(results: dict[tuple[int, str], Any]) -> list[float]:
-    """µs per device round (:func:`_split` ``total``) of every round of the HMAC-key runs in which every database
-    stayed open (no reattachment at all)."""
+    """µs per device round (:func:`_split` ``total``) of every round of the HMAC-key runs in which no host
+    reattached a database (every database stayed open: the hosts' own count, not the plan, which a descriptor limit
+    or uneven shards can overrule)."""
     out = []
     for (n, signature), res in results.items():
-        if signature != "hmac-sha256" or res.extra.get("workers", 1) * res.extra.get("max_open", 0) < n:
+        hosts = res.extra.get("hosts") or []
+        if signature != "hmac-sha256" or not hosts or any(h.get("reattached", 1) for h in hosts):
             continue
         out += [c["total"] for t in range(len(res.summaries)) if (c := _split(res, t, n)) is not None]
     return out
 
 
-def _capacity_text(large_rates: list[float], open_costs: list[float], cores: int) -> str:
+def _capacity_text(large_rates: list[float], open_costs: list[float], cores: int, *, reattached: bool) -> str:
     """What this run says a round of :data:`LARGE_SECONDS` holds: at the rates of the :data:`LARGE_DEVICES`-device
     rounds (devices per wall second), and what :data:`LARGE_DEVICES` devices would take at the cost of a device round
     with no reattachment at all (``open_costs``, µs of CPU per device round of the runs that kept every database
-    open), ``total CPU / cores`` being a round's least wall time."""
+    open), ``total CPU / cores`` being a round's least wall time; ``reattached``: the large run reattached
+    databases."""
     lo, hi = min(large_rates), max(large_rates)
     text = (f"At the rates of this run's {LARGE_DEVICES:,}-device rounds ({lo:,.0f}–{hi:,.0f} devices/s), a "
-            f"{LARGE_SECONDS:.0f} s round holds about {LARGE_SECONDS * lo:,.0f}–{LARGE_SECONDS * hi:,.0f} devices "
-            "whose databases are reattached every round.")
+            f"{LARGE_SECONDS:.0f} s round holds about {LARGE_SECONDS * lo:,.0f}–{LARGE_SECONDS * hi:,.0f} devices"
+            + (" whose databases are reattached every round." if reattached else "."))
     if not open_costs:
         return text
     least = [LARGE_DEVICES * c / cores / 1e6 for c in (min(open_costs), max(open_costs))]

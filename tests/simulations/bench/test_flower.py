@@ -23,10 +23,29 @@ def test_floor_text_when_nothing_is_left():
 def test_capacity_text_from_the_large_rounds_and_the_open_rounds():
     from simulations.bench.flower import _capacity_text
 
-    text = _capacity_text([1000.0, 800.0], [1250.0, 1430.0], 2)
-    assert "(800–1,000 devices/s), a 60 s round holds about 48,000–60,000 devices" in text
+    text = _capacity_text([1000.0, 800.0], [1250.0, 1430.0], 2, reattached=True)
+    assert "(800–1,000 devices/s), a 60 s round holds about 48,000–60,000 devices whose databases are" in text
     assert "1,250–1,430 µs of CPU: 100,000 devices at that cost take at least 62.5–71.5 s per round on 2 cores" in text
     assert text.endswith("over the target even then.")
-    assert _capacity_text([900.0], [1100.0, 1300.0], 2).endswith("within the target only at the cheapest.")
-    assert _capacity_text([900.0], [1000.0, 1100.0], 2).endswith("— within the target.")
-    assert "no reattachment" not in _capacity_text([900.0], [], 2)
+    cheapest = _capacity_text([900.0], [1100.0, 1300.0], 2, reattached=True)
+    assert cheapest.endswith("within the target only at the cheapest.")
+    assert _capacity_text([900.0], [1000.0, 1100.0], 2, reattached=True).endswith("— within the target.")
+    assert _capacity_text([900.0], [], 2, reattached=False) == ("At the rates of this run's 100,000-device rounds "
+                                                                 "(900–900 devices/s), a 60 s round holds about "
+                                                                 "54,000–54,000 devices.")
+
+
+def test_open_costs_takes_only_the_rounds_of_runs_without_reattachment():
+    from types import SimpleNamespace
+
+    from simulations.bench.flower import _open_costs
+
+    def run(n, reattached, cpu, signature="hmac-sha256", phases=True):
+        hosts = [{"reattached": r, "busy_seconds": {"round t=0": {"cpu": cpu / 2}},
+                  "phase_seconds": {"round t=0": {"privatize": 0.1}} if phases else {}} for r in reattached]
+        return SimpleNamespace(extra={"hosts": hosts, "tree_cpu": [cpu]}, summaries=[SimpleNamespace(cpu_ingest=0.0)])
+
+    results = {(10, "hmac-sha256"): run(10, [0, 0], 0.02), (20, "hmac-sha256"): run(20, [0, 3], 0.04),
+               (10, "ed25519"): run(10, [0, 0], 0.05), (30, "hmac-sha256"): run(30, [0, 0], 0.03, phases=False)}
+    results[(40, "hmac-sha256")] = SimpleNamespace(extra={"hosts": []}, summaries=[])
+    assert [round(c) for c in _open_costs(results)] == [2000]
