@@ -245,7 +245,7 @@ class _OpenAgents:
         while self.agents:
             _, agent = self.agents.popitem()
             if agent.state is None and agent.sent_unmarked:  # suspended with marks to write: reattach to write them
-                _OpenAgents._reattach(agent)
+                self._reattach(agent)
             agent.close()
         self.resident.clear()
 
