@@ -9,8 +9,9 @@ A :class:`StreamDecoder` is built once per round and stream (``StreamSpec.build(
   decoder must accept it: ``debias`` for numeric, vector and Haar mechanisms (finite, inside the output bound
   ``[-B, B]`` — PM's C, HM's and Duchi's B, k-sampling's (d/k)·B, both parts of a Haar row), ``support_counts``
   for oracles (``[0, k)``, 0/1 vectors of length k, hash seeds and values in range, …), ``estimate_round`` for
-  longitudinal protocols. The ingest validator rejects anything else as ``bad_body``, so one out-of-support report
-  can no longer make the whole stream's estimate fail.
+  longitudinal protocols. The ingest validator rejects anything else — as ``off_grid`` when the values are not
+  indices of the mechanism's public grid (:meth:`StreamDecoder.rejection`), else as ``bad_body`` — so one
+  out-of-support report can no longer make the whole stream's estimate fail.
 * :meth:`StreamDecoder.from_bodies` — all stored bodies of a stream as one array: the body texts are joined and
   parsed by one ``json.loads``, and the rows stacked by the catalogue's codec (:meth:`protocols.catalogue.Entry.
   decode_rows`). Anything unexpected (a body that does not parse, a ragged row) falls back to decoding body by
@@ -30,6 +31,7 @@ import numpy as np
 
 from protocols.catalogue import Entry, Family
 from protocols.contract import BODY_KEY, StreamSpec, body_row_of
+from protocols.errors import OffGridError
 
 __all__ = ["StreamDecoder", "DecodedReports"]
 
@@ -73,9 +75,12 @@ class StreamDecoder:
 
     # ------------------------------------------------------------------ one row
     def row(self, row: Any) -> np.ndarray:
-        """One JSON report row as an array of :attr:`row_shape` (ValueError if it cannot be one)."""
+        """One JSON report row as an array of :attr:`row_shape` (ValueError if it cannot be one; OffGridError if it
+        holds real numbers)."""
         try:
             return self.entry.decode_rows(self.mechanism, [row])[0]
+        except OffGridError:
+            raise
         except _DECODE_ERRORS as exc:
             raise ValueError(str(exc) or type(exc).__name__) from None
 
@@ -100,6 +105,18 @@ class StreamDecoder:
             y = np.asarray(mech.debias(reports), dtype=float)
             if y.shape[0] != reports.shape[0] or not np.all(np.isfinite(y)):
                 raise ValueError("reports do not decode to finite values")
+
+    def rejection(self, row: Any) -> tuple[str, str]:
+        """Why ingest refuses ``row`` (one :meth:`check_rows` rejected): ``("off_grid", …)`` when its values are not
+        indices of the mechanism's public grid — real numbers (the old raw-double release) or integers outside it —
+        else ``("bad_body", …)``."""
+        try:
+            self.check(self.row(row)[None])
+        except OffGridError as exc:
+            return "off_grid", str(exc)
+        except _DECODE_ERRORS as exc:
+            return "bad_body", str(exc) or "outside the support of the stream's mechanism"
+        return "bad_body", "outside the support of the stream's mechanism"
 
     def check_row(self, row: Any) -> None:
         """Ingest: ValueError unless ``row`` is a report the stream's mechanism could have produced."""

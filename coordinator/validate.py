@@ -12,9 +12,10 @@ off for flooding, :mod:`coordinator.quarantine`; checked before its signature, s
 ``unsigned``, ``bad_signature``, ``unknown_round``, ``round_closed``, ``off_contract`` (a stream the device's
 enrolment contract does not list, or a mechanism other than the one it was configured with — ``auto`` admits
 any, ``distribution_auto`` any distribution mechanism: :meth:`protocols.contract.StreamSpec.admits`), ``wrong_stream``,
-``wrong_mechanism``, ``bad_body`` (not a row of the round's
-stream mechanism: wrong structure or shape, or outside the mechanism's support — its output bound, the oracle's
-integer range — checked by :class:`coordinator.decode.StreamDecoder`, built once per round and stream), ``replay``
+``wrong_mechanism``, ``off_grid`` (values that are not indices of the stream mechanism's public grid: integers
+outside it, or real numbers — an older device's raw-double release, SPEC §3.0), ``bad_body`` (any other row not of
+the round's stream mechanism: wrong structure or shape, or outside the mechanism's support — the oracle's integer
+range — checked by :class:`coordinator.decode.StreamDecoder`, built once per round and stream), ``replay``
 (a sequence number at or below the device's high-water mark that is not a copy of a stored report),
 ``already_reported`` (the device already has a report for this round and stream) and ``duplicate`` (an exact
 copy of a stored or pending report: QoS 1 redelivery — acknowledged, never stored or counted twice).
@@ -74,6 +75,7 @@ MAX_COUNTER = 2**63 - 1
 #: rejections of a report whose signature verified: its receipt names the seq, and the device stops re-sending it
 AUTHENTIC_REJECTIONS = (RejectReason.UNKNOWN_ROUND, RejectReason.ROUND_CLOSED, RejectReason.OFF_CONTRACT,
                         RejectReason.WRONG_STREAM, RejectReason.WRONG_MECHANISM, RejectReason.BAD_BODY,
+                        RejectReason.OFF_GRID,
                         RejectReason.SEQ_REGRESSION, RejectReason.ALREADY_REPORTED)
 
 
@@ -289,19 +291,23 @@ class Validator:
                 out.append(None)  # type: ignore[arg-type]  # filled in pass 3
                 groups.setdefault((report.round_id, report.stream), []).append(len(authentic))
                 authentic.append((i, report, spec, row))
-            bad_body: dict[int, str] = {}
+            bad_body: dict[int, tuple[str, str]] = {}
             for (round_id, stream), members in groups.items():
                 spec = authentic[members[0]][2]
                 try:
-                    mask = self._decoder(round_id, stream, spec).check_rows([authentic[j][3] for j in members])
+                    decoder = self._decoder(round_id, stream, spec)
+                    mask = decoder.check_rows([authentic[j][3] for j in members])
                 except ValueError as exc:  # the stream's mechanism cannot be built: no row can be checked
                     mask, detail = None, str(exc)
                 for pos, j in enumerate(members):
-                    if mask is None or not mask[pos]:
-                        bad_body[j] = detail if mask is None else "outside the support of the stream's mechanism"
+                    if mask is None:
+                        bad_body[j] = ("bad_body", detail)
+                    elif not mask[pos]:
+                        bad_body[j] = decoder.rejection(authentic[j][3])
             for j, (i, report, _, row) in enumerate(authentic):
                 if j in bad_body:
-                    out[i] = wire.WireError("bad_body", bad_body[j], device_id=report.device_id, seq=report.seq)
+                    reason, why = bad_body[j]
+                    out[i] = wire.WireError(reason, why, device_id=report.device_id, seq=report.seq)
                     continue
                 try:
                     self._check_replay(report)

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from protocols.errors import OffGridError
+
 __all__ = ["Family", "Role", "Entry", "Statistics", "CATALOGUE", "entry", "names", "build", "mechanism_class",
            "protocol_entry", "distribution_entry", "haar_row_parts"]
 
@@ -41,10 +43,10 @@ __all__ = ["Family", "Role", "Entry", "Statistics", "CATALOGUE", "entry", "names
 class Family(StrEnum):
     """What a mechanism reports, named as the :class:`~protocols.contract.StreamSpec` kind of a stream using it."""
 
-    NUMERIC = "numeric"            # one value in [-1, 1] → a real number
-    VECTOR = "vector"              # d values in [-1, 1] → d reals
+    NUMERIC = "numeric"            # one value in [-1, 1] → a grid index (SPEC §3.0)
+    VECTOR = "vector"              # d values in [-1, 1] → d grid indices
     FREQUENCY = "frequency"        # a category in [0, k) → integers (a frequency oracle)
-    HAAR = "haar"                  # a record in [-1, 1]^d through the Haar transform → D reals
+    HAAR = "haar"                  # a record in [-1, 1]^d through the Haar transform → D grid indices
     LONGITUDINAL = "longitudinal"  # a category over time, memoized → integers (a longitudinal protocol)
     DISTRIBUTION = "distribution"  # one value on a public grid of D buckets → a fixed-shape row (SPEC §3.14)
 
@@ -165,8 +167,8 @@ class Entry:
     roles: frozenset[Role]
     row: Callable[[Any], tuple[int, ...]] | None
     summary: str
-    #: Report rows hold integers (None: by family — frequency and longitudinal ones do).
-    integer_rows: bool | None = None
+    #: Report rows hold integers: every mechanism releases integers on public grids (SPEC §3.0).
+    integer_rows: bool = True
     #: The constructor makes automatic choices (HaarRecord: mean mechanism and split; Hadamard response: its design
     #: rows) that a stream spec states resolved — the built mechanism's ``_params()`` — so both sides build one mechanism.
     resolves_params: bool = False
@@ -178,10 +180,8 @@ class Entry:
 
     @property
     def integer(self) -> bool:
-        """Reports are integers (frequency oracles, longitudinal protocols, bucketised distributions), else reals."""
-        if self.integer_rows is not None:
-            return self.integer_rows
-        return self.family in (Family.FREQUENCY, Family.LONGITUDINAL)
+        """Reports are integers: grid indices, categories, bits or counts — never doubles (SPEC §3.0)."""
+        return self.integer_rows
 
     def build(self, **params: Any) -> Any:
         """Instantiate with ``params`` (validated by the constructor: ValueError on bad values or names)."""
@@ -197,17 +197,18 @@ class Entry:
         return self.row(mech)
 
     def encode_row(self, mech: Any, row: Any) -> Any:
-        """One user's report row of the built mechanism ``mech`` as JSON data: a number or a list of numbers; a
-        Haar row is ``{"mean": y, "detail": [z_1 … z_{D-1}]}`` (SPEC §2.4). ValueError if the row has not the
-        mechanism's row shape."""
+        """One user's report row of the built mechanism ``mech`` as JSON data: an integer or a list of integers; a
+        Haar row is ``{"mean": j, "detail": [j_1 … j_{D-1}]}`` (SPEC §2.4). ValueError if the row has not the
+        mechanism's row shape or holds anything but integers (a release is never a double, SPEC §3.0)."""
         r = np.asarray(row)
         shape = self.row_shape(mech)
         if r.shape != shape:
             size = f"{shape[0]} values" if len(shape) == 1 else f"shape {shape}"
             raise ValueError(f"a {self.name} report row has {size}, got shape {r.shape}")
+        if r.dtype.kind not in "iu":
+            raise OffGridError(f"a {self.name} report row holds integers (grid indices), got {r.dtype}")
         if self.family is Family.HAAR:
-            r = r.astype(float)
-            return {"mean": float(r[0]), "detail": r[1:].tolist()}
+            return {"mean": int(r[0]), "detail": r[1:].tolist()}
         return r.tolist()
 
     def decode_rows(self, mech: Any, rows: list[Any]) -> np.ndarray:
@@ -217,22 +218,25 @@ class Entry:
         if self.family is Family.HAAR:
             parts = [haar_row_parts(r) for r in rows]
             try:
-                means = np.asarray([m for m, _ in parts], dtype=float)
-                details = np.asarray([c for _, c in parts], dtype=float)
+                means = np.asarray([m for m, _ in parts])
+                details = np.asarray([c for _, c in parts])
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"a haar wire row is {{'mean': y, 'detail': [z...]}}: {exc}") from None
+                raise ValueError(f"a haar wire row is {{'mean': j, 'detail': [j...]}}: {exc}") from None
             if means.ndim != 1 or details.shape != (means.size, shape[0] - 1):
                 raise ValueError(f"haar wire rows need 1 mean and {shape[0] - 1} detail values each")
-            return np.concatenate([means[:, None], details], axis=1)
+            if means.dtype.kind not in "iu" or (details.size and details.dtype.kind not in "iu"):
+                raise OffGridError("haar rows hold integers (grid indices), got real numbers: the old raw-double release")
+            return np.concatenate([means[:, None], details.reshape(means.size, -1)], axis=1).astype(np.int64)
         try:
             arr = np.asarray(rows)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{self.name} rows do not stack: {exc}") from None
         if arr.shape != (len(rows), *shape):
             raise ValueError(f"{self.name} rows have shape {shape}, got {arr.shape[1:]}")
-        if arr.dtype.kind not in ("i", "u") + (() if self.integer else ("f",)):
-            raise ValueError(f"{self.name} rows hold {'integers' if self.integer else 'numbers'}, got {arr.dtype}")
-        return arr.astype(np.int64 if self.integer else float, copy=False)
+        if arr.dtype.kind not in ("i", "u"):
+            raise OffGridError(f"{self.name} rows hold integers (grid indices), got {arr.dtype}"
+                               + (": the old raw-double release" if arr.dtype.kind == "f" else ""))
+        return arr.astype(np.int64, copy=False)
 
 
     # ------------------------------------------------------------------ sufficient statistics
@@ -295,8 +299,8 @@ def haar_row_parts(row: Any) -> tuple[Any, Any]:
 
 
 def _entry(name: str, target: str, family: Family, roles: Iterable[Role], row: Callable[[Any], tuple[int, ...]] | None,
-           summary: str, integer_rows: bool | None = None, resolves_params: bool = False) -> Entry:
-    return Entry(name, target, family, frozenset(roles), row, summary, integer_rows, resolves_params)
+           summary: str, resolves_params: bool = False) -> Entry:
+    return Entry(name, target, family, frozenset(roles), row, summary, True, resolves_params)
 
 
 _S, _KB, _HM, _HA, _HD, _A = Role.STREAM, Role.KSAMPLING_BASE, Role.HAAR_MEAN, Role.HAAR_MEAN_AUTO, Role.HAAR_DETAIL, Role.AUTO
@@ -330,13 +334,13 @@ CATALOGUE: tuple[Entry, ...] = (
            resolves_params=True),
     # distributions of one numeric dimension on a public grid of D buckets (SPEC §3.14); params epsilon, D, …
     _entry("distribution_flat", "protocols.distribution:FlatOracle", Family.DISTRIBUTION, (_S,), _flat_dist_row,
-           "bucket + OUE/OLH over D buckets (§3.14)", True),
+           "bucket + OUE/OLH over D buckets (§3.14)"),
     _entry("distribution_hierarchical", "protocols.distribution:HierarchicalIntervals", Family.DISTRIBUTION, (_S,),
-           _hierarchical_row, "hierarchical intervals, one sampled level per user (§3.14)", True),
+           _hierarchical_row, "hierarchical intervals, one sampled level per user (§3.14)"),
     _entry("distribution_haar", "protocols.distribution:HaarDistribution", Family.DISTRIBUTION, (_S,), _haar_hrr_row,
-           "HaarHRR over D buckets (§3.14)", True),
+           "HaarHRR over D buckets (§3.14)"),
     _entry("distribution_square_wave", "protocols.distribution:SquareWave", Family.DISTRIBUTION, (_S,), _scalar_row,
-           "Square Wave + EMS over D buckets (§3.14)", False),
+           "Square Wave + EMS over D buckets (§3.14)"),
     # longitudinal protocols (SPEC §3.9–3.10): streams use the first three
     _entry("lgrr", "protocols.longitudinal:LGRR", _L, (_S,), _scalar_row, "L-GRR, memoized GRR (§3.9)"),
     _entry("loloha", "protocols.longitudinal:LOLOHA", _L, (_S,), _pair_row, "LOLOHA (Arcolezi et al. 2023) (§3.10)"),

@@ -35,6 +35,7 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "OffGridError",
     "HaarvestError",
     "RejectReason",
     "CapReason",
@@ -83,6 +84,7 @@ class RejectReason(StrEnum):
     WRONG_STREAM = "wrong_stream"
     WRONG_MECHANISM = "wrong_mechanism"
     BAD_BODY = "bad_body"
+    OFF_GRID = "off_grid"  # numbers where the stream's mechanism releases grid indices (SPEC §3.0)
     SEQ_REGRESSION = "seq_regression"
     ALREADY_REPORTED = "already_reported"
     DUPLICATE = "duplicate"
@@ -154,6 +156,11 @@ class WireError(HaarvestError, ValueError):
         self.device_id = device_id
         #: the report's seq when its signature verified: the device is told (receipt) not to re-send it
         self.seq = seq
+
+
+class OffGridError(HaarvestError, ValueError):
+    """A released value that is not an index of the mechanism's public grid (SPEC §3.0): an integer outside it, or a
+    real number — the raw-double release of an older device, refused rather than decoded."""
 
 
 class BudgetExceededError(HaarvestError, ValueError):

@@ -12,14 +12,23 @@ exactly: w.p. 2b·p uniform on the window, otherwise uniform on the rest of [−
 reached as ``−b + w`` for w < u and ``u + b + (w − u)`` for w ≥ u, w ~ U[0, 1).
 
 **Privacy (exact).** Every output's density is p or q under every input, so the worst-case density ratio is
-p/q = e^ε: exactly ε-LDP (:meth:`SquareWave.likelihood`). b → 0 as ε grows.
+p/q = e^ε. b → 0 as ε grows.
+
+**The release (SPEC §3.0).** A real-valued output would leak u through which doubles it can take, so the device
+releases an index on a public grid instead: ``[−b, 1 + b]`` is cut into ``cells = r·⌊32768/r⌋`` cells (r the
+resolution below), the window into ``K ≈ cells·2b/(1 + 2b)`` of them, u is rounded randomly to a window start
+``s ∈ {0, …, cells − K}`` and the cell drawn from the exact :class:`~protocols.exact.WindowChannel` (weights H on the
+window and L elsewhere, ``H/L ≤ e^ε``, one total for every s). So ``P[j|s]/P[j|s'] ≤ H/L ≤ e^ε`` on what is sent
+(:meth:`SquareWave.channel_row`, enumerated in tests); an output bucket of EMS is exactly c = cells/r cells.
 
 **Server: EMS** (expectation–maximisation with smoothing; Silverman, Jones, Wilson, Nychka, JRSS-B 1990, as used by
 Li et al.). EMS runs on a fine grid of ``r`` input buckets over [0, 1] and r output buckets over [−b, 1 + b]
 (``resolution`` r, default the smallest multiple of D that is ≥ 256: smoothing acts per fine bucket, and on a
 coarse grid the (1, 2, 1) kernel over-smooths — at D = 32, ε = 1 it doubles the CDF error), then sums the fine
-histogram onto the D buckets. The transition matrix ``M[j, i] = P[ũ ∈ out_j | u uniform in fine bucket i]`` is (computed exactly: the window overlap is
-piecewise linear in u, integrated by the trapezoid rule on its breakpoints). From the output-bucket counts c,
+histogram onto the D buckets. The transition matrix ``M[j, i] = P[ũ ∈ out_j | u uniform in fine bucket i]`` is (computed exactly from the grid law: the
+probability of an output bucket given a window start is ``(L·c + (H − L)·overlap)/W``, linear between integer starts,
+and the rounding interpolates linearly, so its average over an input bucket is the overlap's integral — piecewise
+linear, integrated by the trapezoid rule on its breakpoints). From the output-bucket counts c,
 starting from the uniform histogram x, each iteration does
 
 * E+M: ``x_i ← x_i · Σ_j M[j, i]·c_j / (n·(M x)_j)`` (the EM step for the multinomial mixture);
@@ -40,6 +49,7 @@ the ``auto`` policy excludes it (its accuracy is measured instead:
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -47,11 +57,15 @@ import numpy as np
 from protocols.base import check_epsilon, check_int
 from protocols.distribution.base import DistributionMechanism
 from protocols.distribution.grid import MAX_BUCKETS
+from protocols.exact import WindowChannel, randomized_round
+from protocols.numeric._grid import check_indices
 
 __all__ = ["SquareWave", "square_wave_parameters", "ems"]
 
 #: Square Wave's b is computed from e^ε; beyond this ε the window is narrower than float resolution matters.
 MAX_EPSILON = 20.0
+#: At most this many released cells (the grid of one report).
+MAX_CELLS = 1 << 15
 
 
 def square_wave_parameters(epsilon: float) -> tuple[float, float, float]:
@@ -113,7 +127,7 @@ def ems(M: np.ndarray, counts: np.ndarray, *, smoothing: bool = True, tol: float
 
 
 class SquareWave(DistributionMechanism):
-    """Square Wave over [0, 1] with EMS onto D buckets (see the module docstring). Reports: (n,) float64."""
+    """Square Wave over [0, 1] with EMS onto D buckets (see the module docstring). Reports: (n,) int64 cell indices."""
 
     bucketised = False
     method = "square_wave"
@@ -135,57 +149,75 @@ class SquareWave(DistributionMechanism):
         self.tol = 1e-3 * math.exp(self.epsilon) if tol is None else check_epsilon(tol, "tol")
         self.max_iter = check_int(max_iter, "max_iter", minimum=1)
         self.b, self.p, self.q = square_wave_parameters(self.epsilon)
+        self.cells = self.resolution * (MAX_CELLS // self.resolution)
+        self.per_bucket = self.cells // self.resolution
+        window = max(1, min(self.cells - 1, round(self.cells * 2.0 * self.b / (1.0 + 2.0 * self.b))))
+        self.channel = WindowChannel(self.cells, window, self.epsilon)
+        self.grid = self.cells
         self._matrix: np.ndarray | None = None
 
     def _params(self) -> dict[str, Any]:
         return {**super()._params(), "resolution": self.resolution}
 
     # ------------------------------------------------------------------ client
-    def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
-        """Unit values u ∈ [0, 1] (one per user) → outputs in [−b, 1 + b]."""
+    def _check_unit(self, values: Any) -> np.ndarray:
         u = np.asarray(values, dtype=float).reshape(-1)
         if u.size and not (u.min() >= 0.0 and u.max() <= 1.0):
             raise ValueError("Square Wave inputs must lie in [0, 1] (scale by the public bounds first)")
-        n = u.size
-        near = rng.random(n) < 2.0 * self.b * self.p
-        window = u - self.b + 2.0 * self.b * rng.random(n)
-        w = rng.random(n)
-        far = np.where(w < u, w - self.b, w + self.b)  # −b + w, or u + b + (w − u) = w + b
-        return np.where(near, window, far)
+        return u
+
+    def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
+        """Unit values u ∈ [0, 1] (one per user) → cell indices in ``[0, cells)``."""
+        u = self._check_unit(values)
+        positions = randomized_round(u * (self.channel.positions - 1), rng)
+        return self.channel.sample(positions, rng)
 
     def privatize_unit(self, u: Any, rng: np.random.Generator) -> np.ndarray:
         return self.privatize(u, rng)
 
+    def channel_row(self, position: int) -> list[Fraction]:
+        """Exact ``P[cell | window start s]`` for every cell."""
+        return [Fraction(int(w), self.channel.total) for w in self.channel.weights(position)]
+
     def likelihood(self, outputs: Any, value: float) -> np.ndarray:
-        """Exact output density at each output under input ``value``: p on [value − b, value + b], q elsewhere
-        on [−b, 1 + b], 0 outside."""
-        y = np.asarray(outputs, dtype=float)
+        """``P[cell | u]`` for each released cell index under input ``value`` (the mixture over the two window
+        starts the rounding may choose); 0 for anything that is not a cell index."""
         v = float(value)
         if not 0.0 <= v <= 1.0:
             raise ValueError("value must lie in [0, 1]")
-        inside = (y >= -self.b) & (y <= 1.0 + self.b)
-        return np.where(inside, np.where(np.abs(y - v) <= self.b, self.p, self.q), 0.0)
+        j = np.asarray(outputs)
+        x = v * (self.channel.positions - 1)
+        lo = min(int(math.floor(x)), self.channel.positions - 2)
+        f = x - lo
+        valid = (j >= 0) & (j < self.cells) & (np.mod(j, 1) == 0)
+        jj = np.where(valid, j, 0).astype(np.int64)
+        ch = self.channel
+
+        def at(s: int) -> np.ndarray:
+            inside = (jj >= s) & (jj < s + ch.window)
+            return np.where(inside, ch.high, ch.low) / ch.total
+
+        return np.where(valid, (1 - f) * at(lo) + f * at(lo + 1), 0.0)
 
     # ------------------------------------------------------------------ server
     @property
     def transition_matrix(self) -> np.ndarray:
         """M (r × r): probability of output bucket j given an input uniform in fine bucket i (columns sum to 1)."""
         if self._matrix is None:
-            x = np.linspace(0.0, 1.0, self.resolution + 1)
-            c = np.linspace(-self.b, 1.0 + self.b, self.resolution + 1)
+            ch, r = self.channel, self.resolution
+            half = ch.window / 2.0
+            x = np.linspace(0.0, ch.positions - 1.0, r + 1) + half  # window centres over each input bucket
+            a = np.arange(r + 1, dtype=float) * self.per_bucket
             x0, x1 = x[None, :-1], x[None, 1:]
-            c0, c1 = c[:-1, None], c[1:, None]
-            overlap = _overlap_integral(x0, x1, c0, c1, self.b) / (x1 - x0)
-            self._matrix = self.q * (c1 - c0) + (self.p - self.q) * overlap
+            c0, c1 = a[:-1, None], a[1:, None]
+            overlap = _overlap_integral(x0, x1, c0, c1, half) / (x1 - x0)
+            self._matrix = (ch.low * self.per_bucket + (ch.high - ch.low) * overlap) / ch.total
         return self._matrix
 
     def output_counts(self, reports: Any) -> np.ndarray:
-        """Sufficient statistic: counts of the outputs in the r output buckets (additive over reports)."""
-        y = np.asarray(reports, dtype=float).reshape(-1)
-        if y.size and (not np.all(np.isfinite(y)) or y.min() < -self.b - 1e-12 or y.max() > 1 + self.b + 1e-12):
-            raise ValueError(f"Square Wave reports must lie in [-b, 1+b] = [{-self.b:.6g}, {1 + self.b:.6g}]")
-        idx = np.floor((y + self.b) / (1.0 + 2.0 * self.b) * self.resolution).astype(np.int64)
-        return np.bincount(np.clip(idx, 0, self.resolution - 1), minlength=self.resolution).astype(float)
+        """Sufficient statistic: counts of the released cells in the r output buckets (additive over reports)."""
+        idx = check_indices(np.asarray(reports).reshape(-1), self.cells)
+        return np.bincount(idx // self.per_bucket, minlength=self.resolution).astype(float)
 
     def estimate_counts(self, counts: Any) -> np.ndarray:
         x, _ = ems(self.transition_matrix, counts, smoothing=self.smoothing, tol=self.tol, max_iter=self.max_iter)

@@ -12,62 +12,74 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import NumericMechanism, check_unit_interval, check_unit_value
+from fractions import Fraction
+
+from protocols.base import check_unit_interval
+from protocols.exact import ratio_weights, uniform_below, uniform_below_array
 
 from ._common import (
     VectorMeanMechanism,
     as_result,
     check_bounded_epsilon,
     check_dimension,
-    check_reports,
     check_rng,
 )
+from ._grid import GridMechanism, check_indices
 
 __all__ = ["Duchi", "DuchiMultiDim", "duchi_constant"]
 
 
-class Duchi(NumericMechanism):
-    """Duchi 1-D: output ``±B``, ``B = (e^ε + 1)/(e^ε - 1)``, ``P[+B | t] = 1/2 + t/(2B)``.
+class Duchi(GridMechanism):
+    """Duchi 1-D, released exactly: index 1 (``+B``) or 0 (``−B``), ``B = (H + L)/(H − L)`` with ``H/L ≤ e^ε``
+    (:func:`protocols.exact.ratio_weights`; the continuous ``(e^ε + 1)/(e^ε − 1)`` within 2^-39 relative).
 
-    ``E[y] = B(2P[+B] - 1) = t`` (unbiased as is); ``Var = B² - t²``, worst case ``B²`` at t = 0.
-    Privacy: P[+B | t] is increasing in t, so the worst ratio is ``P[+B|1]/P[+B|-1] = (B+1)/(B-1) = e^ε``
-    exactly (and symmetrically for -B).
+    The input is rounded randomly to ``v = ±1`` (``P[v = 1] = (1 + t)/2``), then ``+B`` is released w.p. ``H/(H+L)``
+    when v = 1 and ``L/(H+L)`` when v = −1 — one exact draw. So ``P[+B | t] = 1/2 + t/(2B)``, ``E[y] = t``,
+    ``Var = B² − t²``; the channel over ``v ∈ {−1, 1}`` has ratio exactly ``H/L ≤ e^ε``.
     """
 
     def __init__(self, epsilon: float) -> None:
         self.epsilon = check_bounded_epsilon(epsilon)
         self.delta = 0.0
-        self.bound = (math.exp(self.epsilon) + 1) / math.expm1(self.epsilon)
+        self.high, self.low = ratio_weights(self.epsilon)
+        self.grid = self.inputs = 2
+        b = (self.high + self.low) / (self.high - self.low)
+        self._table = np.array([-b, b])
+
+    def _default_grid(self) -> int:
+        return 2
 
     @property
     def outputs(self) -> np.ndarray:
-        """The two possible outputs, ``[-B, +B]``."""
-        return np.array([-self.bound, self.bound])
+        """The debiased values of the two indices, ``[−B, +B]``."""
+        return self._table.copy()
+
+    def _release(self, positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        hit = uniform_below_array(rng, self.high + self.low, positions.size) < self.high
+        return np.where(hit, positions, 1 - positions)
+
+    def _release_one(self, position: int, rng: np.random.Generator) -> int:
+        hit = uniform_below(rng, self.high + self.low) < self.high
+        return position if hit else 1 - position
+
+    def exact_probabilities(self, t: Fraction) -> list[Fraction]:
+        """``[P(index 0 | t), P(index 1 | t)]`` for a rational t ∈ [−1, 1]."""
+        total = self.high + self.low
+        plus = (1 + t) / 2 * Fraction(self.high, total) + (1 - t) / 2 * Fraction(self.low, total)
+        return [1 - plus, plus]
+
+    def channel_row(self, i: int) -> list[Any]:
+        return self.exact_probabilities(Fraction(2 * i - 1))
 
     def output_probabilities(self, t: Any) -> np.ndarray:
-        """``P[y = -B | t], P[y = +B | t]`` as the last axis (shape ``t.shape + (2,)``)."""
+        """``P[index 0 | t], P[index 1 | t]`` as the last axis (shape ``t.shape + (2,)``)."""
         t = check_unit_interval(t, "t")
         p_plus = 0.5 + t / (2 * self.bound)
         return np.stack([1 - p_plus, p_plus], axis=-1)
 
-    def pmf(self, t: Any, y: Any) -> np.ndarray:
-        """``P[output = y | t]`` (broadcasting); 0 for y not in {-B, +B}."""
-        t = check_unit_interval(t, "t")
-        y = np.asarray(y, dtype=float)
-        p_plus = 0.5 + t / (2 * self.bound)
-        return np.where(y == self.bound, p_plus, np.where(y == -self.bound, 1 - p_plus, 0.0))
-
-    def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
-        t = check_unit_interval(values)
-        plus = check_rng(rng).random(t.shape) < 0.5 + t / (2 * self.bound)
-        return np.where(plus, self.bound, -self.bound)
-
-    def privatize_one(self, value: Any, rng: np.random.Generator) -> float:
-        t = check_unit_value(value)
-        return self.bound if check_rng(rng).random() < 0.5 + t / (2 * self.bound) else -self.bound
-
-    def debias(self, reports: np.ndarray) -> np.ndarray:
-        return check_reports(reports, self.bound)
+    def row_moments(self, i: Any) -> tuple[np.ndarray, np.ndarray]:
+        x = 2.0 * np.asarray(i, dtype=float) - 1.0
+        return x, self.bound**2 - x**2
 
     def variance(self, t: Any = 0.0) -> Any:
         tt = check_unit_interval(t, "t")
@@ -92,8 +104,11 @@ class DuchiMultiDim(VectorMeanMechanism):
     """Duchi et al.'s multi-dimensional mechanism for ``t ∈ [-1, 1]^d`` (SPEC §3.5), exactly ε-LDP for every d.
 
     1. Round each coordinate: ``v_j = ±1`` with ``P[v_j = 1] = (1 + t_j)/2`` (so ``E[v] = t``).
-    2. With probability ``p = e^ε/(e^ε + 1)`` report ``z = B s`` for s uniform on ``T+ = {s ∈ {±1}^d : s·v > 0}``,
-       otherwise uniform on ``T- = {s·v < 0}``; ``B = C_d (e^ε + 1)/(e^ε - 1)`` (:func:`duchi_constant`).
+    2. With probability ``p = H/(H + L)`` (``H/L ≤ e^ε``, :func:`protocols.exact.ratio_weights`; one exact draw)
+       report ``z = B s`` for s uniform on ``T+ = {s ∈ {±1}^d : s·v > 0}``,
+       otherwise uniform on ``T- = {s·v < 0}``; ``B = C_d (H + L)/(H − L)`` (:func:`duchi_constant`). Released: the
+       sign bits of s (1 for +), integers; the signs of s are exact fair bits, the rounding of step 1 only chooses
+       the grid input v (:mod:`protocols.exact`), so the channel ``P[s | v]`` below is exact.
 
     **Even d (ties s·v = 0).** Ties get weight 1/2 in *both* sets: ``P[s | v] ∝`` 1 on strict points, 1/2 on
     ties, so each set has total weight ``(2^d - N_0)/2 + N_0/2 = 2^{d-1}`` (N_0 = #ties) and
@@ -129,9 +144,10 @@ class DuchiMultiDim(VectorMeanMechanism):
         self.epsilon = check_bounded_epsilon(epsilon)
         self.delta = 0.0
         self.d = check_dimension(d)
-        self.p = math.exp(self.epsilon) / (math.exp(self.epsilon) + 1)
+        self.high, self.low = ratio_weights(self.epsilon)
+        self.p = self.high / (self.high + self.low)
         self.c_d = duchi_constant(self.d)
-        self.bound = self.c_d * (math.exp(self.epsilon) + 1) / math.expm1(self.epsilon)
+        self.bound = self.c_d * (self.high + self.low) / (self.high - self.low)
 
     def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
         t = self._check_values(values)
@@ -140,15 +156,19 @@ class DuchiMultiDim(VectorMeanMechanism):
         t = t.reshape(-1, self.d)
         n = t.shape[0]
         v = np.where(rng.random(t.shape) < (1 + t) / 2, 1.0, -1.0)
-        s = np.where(rng.random(t.shape) < 0.5, 1.0, -1.0)
-        want = np.where(rng.random(n) < self.p, 1.0, -1.0)
+        s = np.where(rng.random(t.shape) < 0.5, 1.0, -1.0)  # exactly 1/2: a double k·2^-53 < 1/2 for half the k
+        want = np.where(uniform_below_array(rng, self.high + self.low, n) < self.high, 1.0, -1.0)
         dot = np.einsum("ij,ij->i", s, v)
         flip = np.sign(dot) == -want  # wrong strict side; ties (dot == 0) are never flipped
         s[flip] *= -1.0
-        return (self.bound * s).reshape(shape)
+        return (s > 0).astype(np.int64).reshape(shape)
 
     def debias(self, reports: np.ndarray) -> np.ndarray:
-        return self._check_report_shape(reports, self.bound)
+        """Released bits (1 for ``+B``, 0 for ``−B``) → ``±B`` per coordinate."""
+        arr = np.asarray(reports)
+        if arr.ndim == 0 or arr.shape[-1] != self.d:
+            raise ValueError(f"reports must have shape (n, {self.d}); got shape {arr.shape}")
+        return self.bound * (2.0 * check_indices(arr, 2) - 1.0)
 
     def variance(self, t: Any = 0.0) -> Any:
         tt = check_unit_interval(t, "t")

@@ -16,6 +16,7 @@ from protocols.base import NumericMechanism, check_epsilon, check_unit_interval
 from protocols import catalogue
 
 from ._common import VectorMeanMechanism, as_result, check_dimension, check_rng
+from ._grid import check_indices
 
 __all__ = ["KSampling", "make_scalar_mechanism"]
 
@@ -40,7 +41,9 @@ class KSampling(VectorMeanMechanism):
     * **Variance** of coordinate j: ``E[Y_j²] = (k/d)(d/k)² (Var_M(t_j; ε/k) + t_j²)``, so
       ``Var_j = (d/k)(Var_M(t_j; ε/k) + t_j²) - t_j²``.
 
-    Reports are dense ``(n, d)`` float arrays (zeros where not sampled); ``estimate`` is their column mean.
+    Released (SPEC §3.0): a row of d integers, ``0`` for a coordinate not sampled and ``1 + j`` for the base's
+    grid index j (so at most ``base.grid + 1`` values per coordinate); ``debias`` gives ``(d/k)·M.debias(j)`` and 0,
+    and ``estimate`` is the column mean of that.
     """
 
     def __init__(self, epsilon: float, d: int, base: str = "hybrid") -> None:
@@ -54,8 +57,8 @@ class KSampling(VectorMeanMechanism):
         self.k = max(1, min(self.d, math.floor(self.epsilon / 2.5)))
         self.base_mechanism = make_scalar_mechanism(base, self.epsilon / self.k)
         self.scale = self.d / self.k
-        largest = float(np.max(np.abs(self.base_mechanism.debias(np.array([self.base_mechanism.bound])))))
-        self.bound = self.scale * largest
+        self.grid = int(self.base_mechanism.grid) + 1
+        self.bound = self.scale * float(self.base_mechanism.bound)
 
     def sample_coordinates(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """``(n, k)`` indices: k distinct coordinates per user, uniformly (argpartition of i.i.d. uniforms)."""
@@ -74,13 +77,19 @@ class KSampling(VectorMeanMechanism):
         cols = self.sample_coordinates(n, rng)
         rows = np.arange(n)[:, None]
         chosen = t[rows, cols]
-        noisy = self.base_mechanism.debias(self.base_mechanism.privatize(chosen.ravel(), rng)).reshape(chosen.shape)
-        out = np.zeros_like(t)
-        out[rows, cols] = self.scale * noisy
+        released = self.base_mechanism.privatize(chosen.ravel(), rng).reshape(chosen.shape)
+        out = np.zeros(t.shape, dtype=np.int64)
+        out[rows, cols] = released + 1
         return out.reshape(shape)
 
     def debias(self, reports: np.ndarray) -> np.ndarray:
-        return self._check_report_shape(reports, self.bound)
+        """Released rows → ``(d/k)·M.debias(j)`` on sampled coordinates (value ``1 + j``), 0 elsewhere."""
+        arr = np.asarray(reports)
+        if arr.ndim == 0 or arr.shape[-1] != self.d:
+            raise ValueError(f"reports must have shape (n, {self.d}); got shape {arr.shape}")
+        idx = check_indices(arr, self.grid)
+        values = self.base_mechanism.debias(np.maximum(idx - 1, 0))
+        return np.where(idx > 0, self.scale * values, 0.0)
 
     def variance(self, t: Any = 0.0) -> Any:
         tt = check_unit_interval(t, "t")

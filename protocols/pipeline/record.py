@@ -9,8 +9,9 @@ mean is an average of values in [-1, 1]; ``c = (mean(left) - mean(right))/2``). 
     [ M_m(m; ε_m),  M_c(c; ε_c) ]          (length D)
 
 with ``M_m`` a 1-D mechanism (PDP, PM, HM, or Duchi) and ``M_c`` HM k-sampling over the D-1 details or Duchi's
-multi-dimensional mechanism (D-1 is odd, so it is exactly ε_c-LDP without a tie rule). Column 0 holds ``M_m``'s raw
-output, columns 1..D-1 ``M_c``'s (k-sampling: zeros for unsampled details).
+multi-dimensional mechanism (D-1 is odd, so it is exactly ε_c-LDP without a tie rule). Column 0 holds ``M_m``'s
+released grid index, columns 1..D-1 ``M_c``'s released row (k-sampling: 0 for unsampled details, 1 + index
+otherwise; Duchi: sign bits) — integers on public grids, never doubles (SPEC §3.0).
 
 **Privacy.** ``M_m`` and ``M_c`` use independent randomness, so for any records x, x' and output (y, z)
 
@@ -211,7 +212,8 @@ class HaarRecord(NumericMechanism):
         split_objective: the query family the automatic split minimises (``coordinate``, ``range``, ``dyadic``,
             ``total``); ignored for a numeric split.
 
-    Reports have shape (n, D): column 0 the mean mechanism's raw output, columns 1.. the detail mechanism's.
+    Reports have shape (n, D), integers: column 0 the mean mechanism's released grid index, columns 1.. the detail
+    mechanism's released row (SPEC §3.0).
     """
 
     def __init__(
@@ -287,14 +289,14 @@ class HaarRecord(NumericMechanism):
         rng = check_rng(rng)
         single = x.ndim == 1
         m, c = haar_forward(x.reshape(-1, self.d))
-        out = np.empty((m.shape[0], self.D))
+        out = np.empty((m.shape[0], self.D), dtype=np.int64)
         out[:, 0] = self.mean.privatize(np.clip(m, -1.0, 1.0), rng)
         out[:, 1:] = self.detail.privatize(np.clip(c, -1.0, 1.0), rng)
         return out[0] if single else out
 
     # ----------------------------------------------------------------- server
     def _check_reports(self, reports: Any) -> np.ndarray:
-        r = np.asarray(reports, dtype=float)
+        r = np.asarray(reports)
         if r.ndim == 1:
             r = r[None, :]
         if r.ndim != 2 or r.shape[1] != self.D:
@@ -306,7 +308,7 @@ class HaarRecord(NumericMechanism):
     def debias(self, reports: np.ndarray) -> np.ndarray:
         """Per-user unbiased coefficients ``[m̂_u, ĉ_u]`` (n, D)."""
         r = self._check_reports(reports)
-        out = np.empty_like(r)
+        out = np.empty(r.shape, dtype=float)
         out[:, 0] = self.mean.debias(r[:, 0])
         out[:, 1:] = self.detail.debias(r[:, 1:])
         return out
