@@ -10,6 +10,14 @@ An audit that reports ε_emp > ε (beyond the confidence level) *proves* the cla
 may be tried at once; the confidence level is split among them (Bonferroni), so the result stays a valid
 lower bound on the true ε. The audit is generic: anything with ``privatize(values, rng)`` can be audited, and
 ``event`` is any function mapping a batch of reports to a boolean array.
+
+**The float-structure audit** (:func:`float_reachable`, :func:`release_audit`) asks a sharper question of what is
+sent: can the *exact* value released under one input be released under another at all? For a mechanism that
+releases a double ``f(x, u)`` of its input and a uniform double u, the set of doubles a branch can produce depends on
+x (Mironov, CCS 2012); one released value unreachable from the other input makes the privacy loss of that report
+infinite, whatever ε the real-valued proof gives. The audit decides reachability exactly (binary search over the
+2^53 uniform doubles of a monotone branch); for a grid release it reads the exact channel. The double-releasing PM
+and Laplace are its negative controls (tests/protocols/numeric/float_controls.py).
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ from scipy import stats
 
 Event = Callable[[np.ndarray], np.ndarray]
 
-__all__ = ["AuditResult", "audit", "clopper_pearson", "empirical_epsilon", "threshold_events", "equality_event"]
+__all__ = ["AuditResult", "audit", "clopper_pearson", "empirical_epsilon", "threshold_events", "equality_event",
+           "float_reachable", "ReleaseAudit", "release_audit", "grid_reachable"]
 
 
 def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
@@ -127,3 +136,68 @@ def threshold_events(thresholds: Sequence[float], column: int | None = None) -> 
 def equality_event(value: Any) -> Event:
     """Event ``report == value`` (GRR-style outputs)."""
     return lambda r: np.asarray(r) == value
+
+
+# ------------------------------------------------------------------ float-structure audit (Mironov 2012)
+
+#: A uniform double as numpy draws it: ``k·2^-53`` for an integer ``k ∈ [0, 2^53)``.
+_UNIFORM_STEPS = 1 << 53
+
+#: One branch of a double-releasing mechanism: ``release(x, u)``, non-decreasing in the uniform u for a fixed x.
+Branch = Callable[[float, float], float]
+
+
+def float_reachable(branches: Sequence[Branch], x: float, y: float) -> bool:
+    """Exactly whether the double ``y`` can be released from input ``x``: for some branch and some uniform double
+    ``u = k·2^-53``, ``branch(x, u) == y``. Each branch is monotone in u, so a binary search over k finds the
+    smallest k with ``branch(x, u_k) ≥ y`` and the answer is whether it hits y (53 evaluations a branch)."""
+    for branch in branches:
+        lo, hi = 0, _UNIFORM_STEPS - 1
+        if branch(x, hi / _UNIFORM_STEPS) < y or branch(x, 0.0) > y:
+            continue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if branch(x, mid / _UNIFORM_STEPS) < y:
+                lo = mid + 1
+            else:
+                hi = mid
+        if branch(x, lo / _UNIFORM_STEPS) == y:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class ReleaseAudit:
+    """Outcome of :func:`release_audit`: of ``trials`` outputs released from ``x1``, how many ``x2`` cannot produce
+    (``distinguishing``, each a proof that the privacy loss of that output is infinite), and one of them."""
+
+    trials: int
+    distinguishing: int
+    example: Any = None
+
+    @property
+    def passed(self) -> bool:
+        return self.distinguishing == 0
+
+
+def release_audit(outputs: Sequence[Any], reachable: Callable[[Any], bool]) -> ReleaseAudit:
+    """Count the released ``outputs`` (drawn under one input) that ``reachable`` (the other input's exact support:
+    :func:`float_reachable` for a double-releasing mechanism, a positive channel entry for a grid release) refuses."""
+    bad = [y for y in outputs if not reachable(y)]
+    return ReleaseAudit(len(outputs), len(bad), bad[0] if bad else None)
+
+
+def grid_reachable(mechanism: Any, x: float) -> Callable[[Any], bool]:
+    """The exact support of a grid-releasing numeric mechanism at input x: an index j is reachable iff it is an
+    integer on the grid with ``P[j | x] > 0`` under the randomized rounding of x to its two neighbouring grid inputs
+    (:meth:`protocols.numeric._grid.GridMechanism.channel_row`). A double is never reachable."""
+    pos = (x + 1.0) * (mechanism.inputs - 1) / 2.0
+    lo = min(int(math.floor(pos)), mechanism.inputs - 2)
+    rows = [mechanism.channel_row(i) for i in {lo, lo + 1}]
+
+    def reachable(j: Any) -> bool:
+        if isinstance(j, (float, np.floating)) or not 0 <= int(j) < mechanism.grid:
+            return False
+        return any(row[int(j)] > 0 for row in rows)
+
+    return reachable

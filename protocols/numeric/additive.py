@@ -149,9 +149,6 @@ class Laplace(_Clamped):
         rho = math.exp(-1.0 / float(self.noise_scale))
         return 2 * rho / (1 - rho) ** 2
 
-    def worst_case_variance(self) -> float:
-        return float(self.variance(1.0 - 1.0 / self.m))  # the rounding term peaks between grid points
-
     def _params(self) -> dict[str, Any]:
         return {**super()._params(), **({"grid": self.max_grid} if self.max_grid != MAX_GRID else {})}
 
@@ -291,9 +288,6 @@ class Gaussian(_Clamped):
         if not (math.isfinite(alpha) and alpha > 1):
             raise ValueError(f"Renyi order alpha must be a finite number > 1, got {alpha!r}")
         return alpha * self.m**2 / (2 * self.lattice_sigma2)
-
-    def worst_case_variance(self) -> float:
-        return float(self.variance(1.0 - 1.0 / self.m))
 
     def _params(self) -> dict[str, Any]:
         return {**super()._params(), "calibration": self.calibration}

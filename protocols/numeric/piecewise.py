@@ -116,6 +116,3 @@ class Hybrid(GridMechanism):
         x, v_pm = self.piecewise.row_moments(i)
         second = self.alpha * (v_pm + x**2) + (1 - self.alpha) * self.duchi.bound**2
         return x, second - x**2
-
-    def worst_case_variance(self) -> float:
-        return float(max(self.variance(0.0), self.variance(1.0)))

@@ -54,7 +54,7 @@ def fleet(fast_path, request):
         crafted.append((a, _resigned(a, p, seq=100, body={"report": [seed, 10**6]})))
         a, p = by_stream["edu"][1]  # OUE: not a 0/1 vector
         crafted.append((a, _resigned(a, p, seq=101, body={"report": [2] + [0] * 15})))
-        a, p = by_stream["age"][2]  # Hybrid: outside the output bound
+        a, p = by_stream["age"][2]  # Hybrid: a real number, not a grid index (off_grid)
         crafted.append((a, _resigned(a, p, seq=102, body={"report": 1e6})))
         a, p = by_stream["syn"][3]  # wrong shape
         crafted.append((a, _resigned(a, p, seq=103, body={"report": [1, 2, 3]})))
@@ -99,7 +99,8 @@ def test_batch_verdicts_are_the_message_by_message_verdicts(fast_path, fleet):
     batch = _verdicts(fast_path, "batch", key, rc, agents, msgs, batch=True)
     assert batch == plain
     counts = Counter(plain)
-    assert counts == {"accepted": 3 * N, "bad_body": 4, "bad_signature": 1, "duplicate": 1, "malformed": 1}
+    assert counts == {"accepted": 3 * N, "bad_body": 3, "off_grid": 1, "bad_signature": 1,
+                      "duplicate": 1, "malformed": 1}
 
 
 def test_flower_coordinator_ingest_batches_and_counts(fast_path, fleet):
@@ -118,7 +119,8 @@ def test_flower_coordinator_ingest_batches_and_counts(fast_path, fleet):
         acc1, rej1 = coord.ingest([t for t, _ in msgs[:half]], [p for _, p in msgs[:half]])
         acc2, rej2 = coord.ingest([t for t, _ in msgs[half:]], [p for _, p in msgs[half:]])
         assert acc1 + acc2 == 3 * N
-        assert rej1 + rej2 == Counter({"bad_body": 4, "bad_signature": 1, "duplicate": 1, "malformed": 1})
+        assert rej1 + rej2 == Counter({"bad_body": 3, "off_grid": 1, "bad_signature": 1,
+                      "duplicate": 1, "malformed": 1})
         # a replayed reply (every message again) is all duplicates or rejections, nothing stored twice
         acc3, rej3 = coord.ingest([t for t, _ in msgs], [p for _, p in msgs])
         assert acc3 == 0 and rej3["duplicate"] == 3 * N + 1

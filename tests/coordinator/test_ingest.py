@@ -46,7 +46,7 @@ def signed_reports(fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
     out = []
     for stream in STREAMS:
         for dev in fleet.devices:
-            out.append(dev.report(round_id, stream, "duchi", {"report": 2.1639534137386525}))
+            out.append(dev.report(round_id, stream, "duchi", {"report": 1}))
     return out
 
 

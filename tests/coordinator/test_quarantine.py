@@ -41,10 +41,10 @@ def test_an_off_contract_stream_or_mechanism_is_rejected_with_its_own_reason(set
     """The finding: one device's single report on a stream it was never configured for became the estimate."""
     store, fleet, v = setup
     bound, wrong_mech, unbound = fleet.devices
-    results = v.check_batch([bound.report("r1", "temp", "hybrid", {"report": 0.5}),   # not in its contract
-                             bound.report("r1", "cpu", "hybrid", {"report": 0.5}),    # in it (auto)
-                             wrong_mech.report("r1", "cpu", "hybrid", {"report": 0.5}),  # enrolled for duchi
-                             unbound.report("r1", "temp", "hybrid", {"report": 0.5})])  # no contract: any stream
+    results = v.check_batch([bound.report("r1", "temp", "hybrid", {"report": 57}),   # not in its contract
+                             bound.report("r1", "cpu", "hybrid", {"report": 57}),    # in it (auto)
+                             wrong_mech.report("r1", "cpu", "hybrid", {"report": 57}),  # enrolled for duchi
+                             unbound.report("r1", "temp", "hybrid", {"report": 57})])  # no contract: any stream
     assert [getattr(r, "reason", "stored") for r in results] == ["off_contract", "stored", "off_contract", "stored"]
     assert per_device_counters(results) == {f"off_contract.{bound.device_id}": 1,
                                             f"off_contract.{wrong_mech.device_id}": 1}
@@ -53,7 +53,7 @@ def test_an_off_contract_stream_or_mechanism_is_rejected_with_its_own_reason(set
 def test_every_rejection_that_names_an_enrolled_device_is_counted_per_device(setup):
     store, fleet, v = setup
     dev = fleet.devices[0]
-    topic, good = dev.report("r1", "cpu", "hybrid", {"report": 0.1})
+    topic, good = dev.report("r1", "cpu", "hybrid", {"report": 17})
     forged = wire.decode_report(good).model_copy(update={"seq": 99}).to_bytes()
     results = v.check_batch([(topic, b"{not json"), (topic, forged),
                              ("haarvest/v1/reports/not-enrolled", b"{not json")])
@@ -115,8 +115,8 @@ def test_quarantine_rejects_the_device_is_listed_and_released_by_the_cli(tmp_pat
     sent: list[bytes] = []
     bq = BrokerQuarantine(coord.store, lambda topic, payload: sent.append(payload))
     assert bq.sync() == ([flooder.device_id], [])
-    results = coord.validator.check_batch([flooder.report("r1", "cpu", "hybrid", {"report": 0.1}),
-                                           honest.report("r1", "cpu", "hybrid", {"report": 0.1})])
+    results = coord.validator.check_batch([flooder.report("r1", "cpu", "hybrid", {"report": 17}),
+                                           honest.report("r1", "cpu", "hybrid", {"report": 17})])
     assert [getattr(r, "reason", "stored") for r in results] == ["quarantined", "stored"]
     coord.close()
     assert cli.main(["coordinator", "devices", "--db", db, "--release", flooder.device_id]) == 0
@@ -172,7 +172,7 @@ def test_a_distribution_auto_contract_admits_the_rounds_distribution_mechanism_o
     (rec,) = sim.enrollment()
     store.upsert_device(rec["device_id"], rec["public_key"], contract={"lat": "distribution_auto"})
     v.refresh_devices()
-    (res,) = v.check_batch([dev.report("r2", "lat", "hybrid", {"report": 0.5})])
+    (res,) = v.check_batch([dev.report("r2", "lat", "hybrid", {"report": 57})])
     assert res.reason == "off_contract"
     for a in agents:
         a.close()

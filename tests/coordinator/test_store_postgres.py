@@ -26,7 +26,7 @@ def test_postgres_store_two_workers(postgres_dsn):
     RoundManager(store, wire.generate_signing_key()).open_round("r1", 1.0, PARAMS)
     other = PostgresStore(postgres_dsn)  # a second worker with its own connection and validator
     v1, v2 = Validator(store), Validator(other)
-    reports = fleet.reports("r1", "cpu", "duchi", [2.16 if i % 2 else -2.16 for i in range(20)],
+    reports = fleet.reports("r1", "cpu", "duchi", [i % 2 for i in range(20)],
                             catalogue.build("duchi", epsilon=1.0))
     # both workers receive the first 10 (a race): rows are stored once
     assert store.commit_batch([v1.check(t, p) for t, p in reports[:10]], {}) == 10
@@ -45,7 +45,7 @@ def test_postgres_store_two_workers(postgres_dsn):
     assert est.n == 20 and est.error is None
     # a round opened through one connection is found by the other worker's validator at its first report
     RoundManager(store, wire.generate_signing_key()).open_round("r2", 1.0, PARAMS)
-    assert v2.check(*fleet.devices[0].report("r2", "cpu", "duchi", {"report": 2.16})).round_id == "r2"
+    assert v2.check(*fleet.devices[0].report("r2", "cpu", "duchi", {"report": 1})).round_id == "r2"
     store.set_round_status("r1", "closed")
     assert other.rounds()[0]["status"] == "closed"
     assert other.round("r1")["status"] == "closed" and other.round("nope") is None
@@ -92,7 +92,7 @@ def test_postgres_two_workers_keep_aggregates_that_merge_and_never_double_count(
     RoundManager(workers[0], wire.generate_signing_key()).open_round("agg", 1.0, PARAMS)
     validators = [Validator(w) for w in workers]
     rng = np.random.default_rng(3)
-    reports = fleet.reports("agg", "cpu", "duchi", list(np.where(rng.random(60) < 0.3, 2.16, -2.16)),
+    reports = fleet.reports("agg", "cpu", "duchi", list(np.where(rng.random(60) < 0.3, 1, 0)),
                             catalogue.build("duchi", epsilon=1.0))
     batches = [reports[:40], reports[20:]]  # 20 reports reach both workers
 
@@ -170,7 +170,7 @@ def test_postgres_two_workers_commit_overlapping_batches_concurrently(postgres_s
         workers[0].upsert_device(rec["device_id"], rec["public_key"])
     RoundManager(workers[0], wire.generate_signing_key()).open_round("ovl", 1.0, PARAMS)
     rng = np.random.default_rng(18)
-    reports = fleet.reports("ovl", "cpu", "duchi", list(np.where(rng.random(n) < 0.4, 2.16, -2.16)),
+    reports = fleet.reports("ovl", "cpu", "duchi", list(np.where(rng.random(n) < 0.4, 1, 0)),
                             catalogue.build("duchi", epsilon=1.0))
     orders = [rng.permutation(n), rng.permutation(n)]
     sizes = [7, 11]

@@ -40,14 +40,14 @@ def reason(validator, topic, payload):
 def test_accept_then_duplicate_then_already_reported(setup):
     store, fleet, v, _ = setup
     dev = fleet.devices[0]
-    topic, payload = dev.report("r1", "cpu", "hybrid", {"report": 0.25})
+    topic, payload = dev.report("r1", "cpu", "hybrid", {"report": 32})
     row = v.check(topic, payload)
-    assert row.device_id == dev.device_id and json.loads(row.body) == {"report": 0.25}
+    assert row.device_id == dev.device_id and json.loads(row.body) == {"report": 32}
     assert reason(v, topic, payload) == "duplicate"  # same batch (pending)
     assert store.commit_batch([row], {}) == 1
     v.batch_committed()
     assert reason(v, topic, payload) == "duplicate"  # now from the store
-    topic2, payload2 = dev.report("r1", "cpu", "hybrid", {"report": 0.5})
+    topic2, payload2 = dev.report("r1", "cpu", "hybrid", {"report": 57})
     assert reason(v, topic2, payload2) == "already_reported"
     assert store.counters() == {"accepted": 1}
 
@@ -55,7 +55,7 @@ def test_accept_then_duplicate_then_already_reported(setup):
 def test_rejection_reasons(setup):
     store, fleet, v, rounds = setup
     dev, other = fleet.devices[0], fleet.devices[1]
-    topic, good = dev.report("r1", "cpu", "hybrid", {"report": 0.1})
+    topic, good = dev.report("r1", "cpu", "hybrid", {"report": 17})
     rep = wire.decode_report(good)
     resign = lambda **kw: wire.sign_report(rep.model_copy(update=kw), topic, dev.key).to_bytes()  # noqa: E731
     assert reason(v, topic, b"x" * (wire.MAX_PAYLOAD + 1)) == "too_large"
@@ -72,10 +72,10 @@ def test_rejection_reasons(setup):
     assert reason(v, topic, resign(body={"y": 1})) == "bad_body"
     assert reason(v, topic, resign(body={"report": "x"})) == "bad_body"
     stranger = SimFleet(1, prefix="stranger").devices[0]
-    assert reason(v, *stranger.report("r1", "cpu", "hybrid", {"report": 0.0})) == "unknown_device"
+    assert reason(v, *stranger.report("r1", "cpu", "hybrid", {"report": 7})) == "unknown_device"
     store.upsert_device(other.device_id, other.public_key, "revoked")
     v.refresh_devices()
-    assert reason(v, *other.report("r1", "cpu", "hybrid", {"report": 0.0})) == "revoked_device"
+    assert reason(v, *other.report("r1", "cpu", "hybrid", {"report": 7})) == "revoked_device"
     rounds.close_round("r1")
     assert reason(v, topic, good) == "round_closed"
 
@@ -84,8 +84,8 @@ def test_replay_below_high_water_mark(setup):
     store, fleet, v, rounds = setup
     rounds.open_round("r2", 1.0, PARAMS)
     dev = fleet.devices[2]
-    old = dev.report("r1", "cpu", "hybrid", {"report": 0.1})  # seq 1, never delivered
-    new = dev.report("r2", "cpu", "hybrid", {"report": 0.2})  # seq 2
+    old = dev.report("r1", "cpu", "hybrid", {"report": 17})  # seq 1, never delivered
+    new = dev.report("r2", "cpu", "hybrid", {"report": 27})  # seq 2
     store.commit_batch([v.check(*new)], {})
     v.batch_committed()
     strict = Validator(store, replay_window=0)  # strict mode: nothing below the high-water mark
@@ -109,11 +109,11 @@ def test_a_late_report_is_accepted_by_default_and_receipted(setup):
     store, fleet, v, rounds = setup
     rounds.open_round("r2", 1.0, PARAMS)
     dev = fleet.devices[2]
-    old = dev.report("r1", "cpu", "hybrid", {"report": 0.1})  # seq 1, lost by the broker
-    new = dev.report("r2", "cpu", "hybrid", {"report": 0.2})  # seq 2
+    old = dev.report("r1", "cpu", "hybrid", {"report": 17})  # seq 1, lost by the broker
+    new = dev.report("r2", "cpu", "hybrid", {"report": 27})  # seq 2
     store.commit_batch([v.check(*new)], {})
     v.batch_committed()
-    results = v.check_batch([old, new, dev.report("nope", "cpu", "hybrid", {"report": 0.0}),
+    results = v.check_batch([old, new, dev.report("nope", "cpu", "hybrid", {"report": 7}),
                              (old[0], b"{")])
     kinds = [r.reason if isinstance(r, wire.WireError) else "ok" for r in results]
     assert kinds[:2] == ["ok", "duplicate"] and kinds[3] == "malformed"
@@ -126,7 +126,7 @@ def test_a_late_report_is_accepted_by_default_and_receipted(setup):
 def test_not_after_and_params_validation(setup):
     store, fleet, v, rounds = setup
     rounds.open_round("late", 1.0, PARAMS, not_after=1.0)
-    assert reason(v, *fleet.devices[0].report("late", "cpu", "hybrid", {"report": 0.0})) == "round_closed"
+    assert reason(v, *fleet.devices[0].report("late", "cpu", "hybrid", {"report": 7})) == "round_closed"
     with pytest.raises(ValueError, match="more than the round"):
         rounds.open_round("r3", 0.5, PARAMS)
     with pytest.raises(ValueError):
@@ -159,15 +159,15 @@ def test_round_opened_by_another_process_is_looked_up_at_once(tmp_path):
     try:
         v = Validator(store, refresh_interval=3600.0, negative_ttl=3600.0)
         dev, dev2 = fleet.devices
-        early = dev.report("r2", "cpu", "hybrid", {"report": 0.1})
+        early = dev.report("r2", "cpu", "hybrid", {"report": 17})
         assert reason(v, *early) == "unknown_round"  # the id really does not exist yet: cached as missing
         cli.open_round("r2", 1.0, PARAMS)
-        assert reason(v, *dev2.report("r2", "cpu", "hybrid", {"report": 0.1})) == "unknown_round"  # within the TTL
+        assert reason(v, *dev2.report("r2", "cpu", "hybrid", {"report": 17})) == "unknown_round"  # within the TTL
         v.negative_ttl = 0.0
-        assert v.check(*dev2.report("r2", "cpu", "hybrid", {"report": 0.1})).round_id == "r2"
+        assert v.check(*dev2.report("r2", "cpu", "hybrid", {"report": 17})).round_id == "r2"
         cli.open_round("r3", 1.0, PARAMS)  # never asked about before: found at once despite the TTL
         v.negative_ttl = 3600.0
-        assert v.check(*dev.report("r3", "cpu", "hybrid", {"report": 0.2})).round_id == "r3"
+        assert v.check(*dev.report("r3", "cpu", "hybrid", {"report": 27})).round_id == "r3"
         assert v.known()["open_rounds"] == 2
         assert store.round("r3")["status"] == "open" and store.round("nope") is None
     finally:
@@ -184,9 +184,9 @@ def test_round_closed_by_another_process_is_noticed_at_refresh(tmp_path):
     try:
         cli.open_round("r1", 1.0, PARAMS)
         v = Validator(store, refresh_interval=0.0)
-        assert v.check(*fleet.devices[0].report("r1", "cpu", "hybrid", {"report": 0.1})).round_id == "r1"
+        assert v.check(*fleet.devices[0].report("r1", "cpu", "hybrid", {"report": 17})).round_id == "r1"
         cli.close_round("r1")
-        assert reason(v, *fleet.devices[1].report("r1", "cpu", "hybrid", {"report": 0.1})) == "round_closed"
+        assert reason(v, *fleet.devices[1].report("r1", "cpu", "hybrid", {"report": 17})) == "round_closed"
     finally:
         store.close()
         cli_store.close()
@@ -212,36 +212,36 @@ def test_registry_key_decides_the_algorithm(tmp_path):
     store.upsert_device("broken", "hmac-sha256:c2hvcnQ=")
     v = Validator(store)
     RoundManager(store, wire.generate_signing_key(), on_change=v.set_round).open_round("r1", 1.0, PARAMS)
-    assert v.check(*mac.report("r1", "cpu", "hybrid", {"report": 0.25})).device_id == mac.device_id
-    assert v.check(*ed.report("r1", "cpu", "hybrid", {"report": 0.25})).device_id == ed.device_id
+    assert v.check(*mac.report("r1", "cpu", "hybrid", {"report": 32})).device_id == mac.device_id
+    assert v.check(*ed.report("r1", "cpu", "hybrid", {"report": 32})).device_id == ed.device_id
     for dev, key in [(mac, ed.key), (ed, mac.key), (mac, other.key)]:
         forged = SimDevice(dev.device_id, key, seq=100)
-        assert reason(v, *forged.report("r1", "cpu", "hybrid", {"report": 0.5})) == "bad_signature"
+        assert reason(v, *forged.report("r1", "cpu", "hybrid", {"report": 57})) == "bad_signature"
     broken = SimDevice("broken", other.key)
-    assert reason(v, *broken.report("r1", "cpu", "hybrid", {"report": 0.5})) == "unknown_device"
+    assert reason(v, *broken.report("r1", "cpu", "hybrid", {"report": 57})) == "unknown_device"
     store.close()
 
 
 def test_check_batch_matches_message_by_message(setup):
     """A batch gives every message the outcome :meth:`Validator.check` gives it in arrival order: out-of-support
-    rows (hybrid's bound is ~3.4 at ε = 1) are ``bad_body`` without costing their neighbours, a copy inside the
+    rows (an index past hybrid's grid) are ``off_grid`` without costing their neighbours, a copy inside the
     batch is a ``duplicate``, an older, never stored seq after a newer one of the same device is accepted (a re-sent report)."""
     store, fleet, v, rounds = setup
     rounds.open_round("r2", 1.0, PARAMS)
     a, b, c = fleet.devices
-    msgs = [a.report("r1", "cpu", "hybrid", {"report": 0.5}),
-            b.report("r1", "cpu", "hybrid", {"report": 99.0}),       # outside the support
-            b.report("r2", "cpu", "hybrid", {"report": -0.25})]
-    old_c = c.report("r1", "cpu", "hybrid", {"report": 0.1})
-    new_c = c.report("r2", "cpu", "hybrid", {"report": 0.2})
+    msgs = [a.report("r1", "cpu", "hybrid", {"report": 16000}),
+            b.report("r1", "cpu", "hybrid", {"report": 99999}),       # off the grid
+            b.report("r2", "cpu", "hybrid", {"report": 8000})]
+    old_c = c.report("r1", "cpu", "hybrid", {"report": 3})
+    new_c = c.report("r2", "cpu", "hybrid", {"report": 4})
     msgs += [msgs[0], new_c, old_c, ("haarvest/v1/reports/" + a.device_id, b"{")]
     results = v.check_batch(msgs)
     kinds = [r.reason if isinstance(r, wire.WireError) else "ok" for r in results]
-    assert kinds == ["ok", "bad_body", "ok", "duplicate", "ok", "ok", "malformed"]  # a late seq is accepted
+    assert kinds == ["ok", "off_grid", "ok", "duplicate", "ok", "ok", "malformed"]  # a late seq is accepted
     assert store.commit_batch([r for r in results if not isinstance(r, wire.WireError)], {}) == 4
     v.batch_committed()
     # the out-of-support report reserved nothing: b's next report for r1 is still accepted
-    assert v.check(*b.report("r1", "cpu", "hybrid", {"report": 1.0})).device_id == b.device_id
+    assert v.check(*b.report("r1", "cpu", "hybrid", {"report": 107})).device_id == b.device_id
 
 
 class _DownStore(SQLiteStore):
@@ -269,7 +269,7 @@ def test_store_errors_raise_and_reload_is_all_or_nothing(tmp_path):
     fleet = SimFleet(2)
     for record in fleet.enrollment():  # enrolled after the validator loaded: pass 1 looks the device up
         store.upsert_device(record["device_id"], record["public_key"])
-    messages = [dev.report("r1", "cpu", "hybrid", {"report": 0.5}) for dev in fleet.devices]
+    messages = [dev.report("r1", "cpu", "hybrid", {"report": 57}) for dev in fleet.devices]
     store.down = True
     with pytest.raises(sqlite3.OperationalError):
         validator.check_batch(messages)
@@ -289,11 +289,11 @@ def test_store_errors_raise_and_reload_is_all_or_nothing(tmp_path):
 def test_closing_a_round_frees_its_reported_set(setup):
     store, fleet, v, rounds = setup
     for dev in fleet.devices:
-        v.check(*dev.report("r1", "cpu", "hybrid", {"report": 0.5}))
+        v.check(*dev.report("r1", "cpu", "hybrid", {"report": 57}))
     assert len(v._reported["r1"]) == len(fleet.devices)
     rounds.close_round("r1")
     assert "r1" not in v._reported
-    assert reason(v, *fleet.devices[0].report("r1", "cpu", "hybrid", {"report": 0.5})) == "round_closed"
+    assert reason(v, *fleet.devices[0].report("r1", "cpu", "hybrid", {"report": 57})) == "round_closed"
 
 
 def test_rows_already_stored_count_as_duplicates_in_the_stored_counters(tmp_path):
@@ -303,7 +303,7 @@ def test_rows_already_stored_count_as_duplicates_in_the_stored_counters(tmp_path
 
     store = SQLiteStore(tmp_path / "c.db")
     row = StoredReport(device_id="d1", seq=3, boot=1, round_id="r1", stream="s", mechanism="duchi",
-                       body='{"report":1.0}', sig="x", received_at=0.0)
+                       body='{"report":107}', sig="x", received_at=0.0)
     assert store.commit_batch([row], {}) == 1
     assert store.commit_batch([row], {"bad_signature": 2}) == 0
     assert store.counters() == {"accepted": 1, "duplicate": 1, "bad_signature": 2}
@@ -331,7 +331,10 @@ def test_ingest_rejects_reports_outside_the_mechanisms_support(tmp_path):
         for row in rows:
             with pytest.raises(wire.WireError) as err:
                 v.check(*dev.report("r1", name, mech[name], {"report": row}))
-            assert err.value.reason == "bad_body", (name, row)
+            grid = SUPPORT_STREAMS[name]["kind"] in ("numeric", "vector", "haar")
+            assert err.value.reason in (("off_grid", "bad_body") if grid else ("bad_body",)), (name, row)
+            if grid and isinstance(row, (int, float)):  # one number: on the grid or not
+                assert err.value.reason == "off_grid", (name, row)
     for name, row in GOOD_ROWS.items():
         v.check(*dev.report("r1", name, mech[name], {"report": row}))
     store.close()
@@ -342,7 +345,7 @@ def test_a_rejected_report_does_not_tie_its_batch_into_a_reference_cycle(setup):
     batch, in a cycle only a full collection frees (the ingest worker runs them rarely)."""
     _, fleet, v, _ = setup
     dev = fleet.devices[0]
-    topic, good = dev.report("r1", "cpu", "hybrid", {"report": 0.25})
+    topic, good = dev.report("r1", "cpu", "hybrid", {"report": 32})
     at = good.index(b'"sig":"') + 7
     forged = good[:at] + (b"B" if good[at:at + 1] == b"A" else b"A") + good[at + 1:]
     batch = [(topic, good), (topic, good), (topic, b"{not json"), (topic, forged), ("haarvest/v1/reports/nobody", good)]

@@ -92,16 +92,16 @@ def hostile_messages(fleet: SimFleet, legit: list[tuple[str, bytes]], outsider: 
         elif cat == "wrong_round":
             rid, stream, mech = [("nope", "cpu", "hybrid"), ("closed", "cpu", "hybrid"), ("r1", "mem", "hybrid"),
                                  ("r1", "cpu", "duchi"), ("r1", "app", "hybrid")][int(rng.integers(5))]
-            topic, payload = dev.report(rid, stream, mech, {"report": 0.5})
+            topic, payload = dev.report(rid, stream, mech, {"report": 57})
         elif cat == "forged":
             if rng.random() < 0.5:  # an outsider's key, claiming an enrolled device id
                 rep = wire.Report(device_id=dev.device_id, boot=1, seq=10**6 + i, round_id="r1", stream="cpu",
-                                  mechanism="hybrid", body={"report": 0.1})
+                                  mechanism="hybrid", body={"report": 17})
                 topic = dev.topic
                 payload = wire.sign_report(rep, topic, outsider.devices[0].key).to_bytes()
             else:  # a well-signed report from a device that was never enrolled
                 topic, payload = outsider.devices[int(rng.integers(len(outsider)))].report(
-                    "r1", "cpu", "hybrid", {"report": 0.1})
+                    "r1", "cpu", "hybrid", {"report": 17})
         else:  # bad_body / absurd counters, validly signed by an enrolled device
             body = [{"y": 1}, {"report": "x"}, {"report": [1, [2]]}, {"report": 10**30}, {"report": []},
                     {"report": True}, {"report": {"mean": 1}}][int(rng.integers(7))]
@@ -126,7 +126,7 @@ def world(tmp_path):
     rounds.open_round("closed", 2.0, PARAMS)
     rounds.close_round("closed")
     rounds.open_round("r1", 2.0, PARAMS)
-    legit = [d.report("r1", "cpu", "hybrid", {"report": 0.5}) for d in fleet.devices]
+    legit = [d.report("r1", "cpu", "hybrid", {"report": 57}) for d in fleet.devices]
     yield store, fleet, outsider, legit
     store.close()
 

@@ -173,9 +173,9 @@ def test_a_flooding_device_is_quarantined_at_the_broker_while_others_are_stored(
                 flood.publish("haarvest/v1/reports/dev-1", b"{junk", qos=0)
             sent += 1
             if sent % 4000 == 0:  # the legitimate device reports in the middle of the flood
-                good.publish(*honest.report(f"r{sent // 4000 - 1}", "cpu", "hybrid", {"report": 0.5}), qos=1)
+                good.publish(*honest.report(f"r{sent // 4000 - 1}", "cpu", "hybrid", {"report": 57}), qos=1)
         # off-contract: dev-2 was enrolled for "cpu" only; a "temp" report is rejected with its own reason
-        good.publish(*honest.report("r0", "temp", "hybrid", {"report": 0.5}), qos=1)
+        good.publish(*honest.report("r0", "temp", "hybrid", {"report": 57}), qos=1)
         assert wait_until(lambda: coord.store.reports_by_device().get("dev-2") == 5, 30), coord.metrics_snapshot()
         assert wait_until(lambda: coord.store.device_records()["dev-1"]["status"] == "quarantined", 10)
         # the broker now refuses dev-1 (it was disconnected and comes back): a QoS 1 publish is not authorized

@@ -20,7 +20,7 @@ def _req(stream="s", key="k", eps=1.0, cap=10.0, round_id="r", round_cap=None, b
         return "t/x", f'{{"seq":{seq}}}'.encode()
 
     return ReportRequest(stream=stream, round_id=round_id, memo_key=key, spec="{}", mechanism="m", epsilon=eps,
-                         stream_cap=cap, round_cap=round_cap, make_body=lambda: body or {"report": 1.0},
+                         stream_cap=cap, round_cap=round_cap, make_body=lambda: body or {"report": 107},
                          make_payload=make_payload)
 
 
@@ -255,7 +255,7 @@ def test_the_device_ledger_and_the_accountant_agree(tmp_path):
     with State(tmp_path / "s.db") as st:
         for stream, key, eps, delta in charges:
             req = ReportRequest(stream=stream, round_id="r", memo_key=f"{stream}/{key}", spec="{}", mechanism="m",
-                                epsilon=eps, stream_cap=caps[stream], make_body=lambda: {"report": 1.0},
+                                epsilon=eps, stream_cap=caps[stream], make_body=lambda: {"report": 107},
                                 make_payload=lambda seq, body: ("t/x", b"{}"), delta=delta)
             (r,) = st.commit_reports([req], total_cap=total, renewal_period_s=None, max_pending=100,
                                      delta_cap=delta_cap)

@@ -126,7 +126,7 @@ def test_rounds_are_only_ed25519():
 @pytest.mark.parametrize("algorithm", wire.SIGNATURE_ALGORITHMS)
 @pytest.mark.parametrize("body", [
     {"y": [0.5]},
-    {"report": -2.163953413738653},
+    {"report": 223},
     {"report": [1326584390301200278, 3]},
     {"stream": "x", "sig": "y", "v": [1, {"b": 2, "a": None}], "é": "ünïcode", "z": True},
     {},
@@ -276,7 +276,7 @@ def test_decode_report_fast_path_agrees_with_the_general_path():
 
     rng = random.Random(11)
     general = lambda p: wire._decode(wire.Report, p)  # noqa: E731 - the path without the fast one
-    bodies = [{"report": 2.163953413738653}, {"report": {"detail": [-1.0226, 0.0, -0.0], "mean": -2.95}},
+    bodies = [{"report": 223}, {"report": {"detail": [-1.0226, 0.0, -0.0], "mean": -2.95}},
               {"report": [0, 1, 1, 0]}, {"y": [1e300, 5e-324, 1.5e-7, 12345678901234567890, -3]}, {}]
     fragments = [b"1", b"-1", b"0", b"-0", b"1.0", b"1e0", b"1E5", b"-0.0", b"1e400", b"-1e400", b"true", b"false",
                  b"null", b'"1"', b'"x"', b'""', b"[]", b"{}", b'{"a":1}', b"[1,2]", b"9223372036854775807",
@@ -367,7 +367,7 @@ def test_decode_report_takes_the_fast_path_for_what_a_device_sends(monkeypatch, 
     real = wire._decode
     monkeypatch.setattr(wire, "_decode", lambda model, payload: general.append(payload) or real(model, payload))
     topic = wire.report_topic("dev-1")
-    for body in ({"report": 0.25}, {"report": [0, 1, 1]}, {"report": {"detail": [0.5, -1.0, 0.0], "mean": 3.5}}):
+    for body in ({"report": 32}, {"report": [0, 1, 1]}, {"report": {"detail": [0.5, -1.0, 0.0], "mean": 3.5}}):
         payload = wire.signed_report_bytes(_report(body=body), topic, key)
         assert wire.decode_report(payload).body == body
     assert general == []

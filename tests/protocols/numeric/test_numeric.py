@@ -1,9 +1,9 @@
 """Exact tests of the numeric mechanisms: closed forms, exact likelihood ratios, validation.
 
-Privacy is checked without sampling: discrete mechanisms by enumerating their output distributions, continuous
-ones by evaluating their densities on fine grids of inputs and outputs (the densities are piecewise constant or
-log-Lipschitz, so a grid that contains the breakpoints sees the supremum), the Gaussian by the exact (ε, δ)
-curve of Balle & Wang (2018).
+Privacy is checked without sampling: every mechanism releases grid indices whose exact channel is enumerated in
+tests/protocols/numeric/test_grid.py; here Duchi's multi-dimensional law is enumerated, and the Gaussian's
+continuous calibration checked by the exact (ε, δ) curve of Balle & Wang (2018) (the discrete law's own δ is in
+test_grid.py).
 """
 
 from __future__ import annotations
@@ -41,29 +41,13 @@ T_GRID = np.linspace(-1.0, 1.0, 201)
 def _max_ratio(density: np.ndarray) -> float:
     """``max_y max_t f(y|t) / min_t f(y|t)`` over a (n_t, n_y) table; outputs nobody can produce are skipped.
 
-    Fails if some output has positive density under one input and zero under another (ε = ∞).
+    Fails if some output has positive probability under one input and zero under another (ε = ∞).
     """
     positive = density > 0
     produced = positive.any(axis=0)
     assert np.all(positive[:, produced]), "support depends on the input: the ratio is infinite"
     dens = density[:, produced]
     return float(np.max(dens.max(axis=0) / dens.min(axis=0)))
-
-
-def _y_grid(mechanism, t: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """A fine output grid plus every breakpoint of the density (and points just beside them)."""
-    pts = [np.linspace(lo, hi, 4001)]
-    if isinstance(mechanism, Piecewise):
-        left, right = mechanism.interval(t)
-        pts += [left, right]
-    elif isinstance(mechanism, PDP):
-        pts += [t - mechanism.width / 2, t + mechanism.width / 2]
-    elif isinstance(mechanism, Hybrid):
-        left, right = mechanism.piecewise.interval(t)
-        pts += [left, right]
-    base = np.concatenate(pts)
-    eps = 1e-9
-    return np.unique(np.concatenate([base, base - eps, base + eps, [-lo, lo, hi, -hi]]))
 
 
 # ---- parameter and input validation ------------------------------------------------------------------------
@@ -127,7 +111,7 @@ def test_scalar_inputs_and_reports_validated(mech, rng):
         mech.privatize([np.nan], rng)
     with pytest.raises(ValueError, match="Generator"):
         mech.privatize([0.0], 42)
-    with pytest.raises(ValueError, match="finite"):
+    with pytest.raises(ValueError, match="grid indices"):
         mech.estimate(np.array([0.0, np.inf]))
     with pytest.raises(ValueError, match="zero reports"):
         mech.estimate(np.array([]))
@@ -138,8 +122,8 @@ def test_scalar_inputs_and_reports_validated(mech, rng):
 
 @pytest.mark.parametrize("mech", [Duchi(1), Piecewise(1), Hybrid(1), PDP(1)])
 def test_bounded_mechanisms_reject_impossible_reports(mech):
-    with pytest.raises(ValueError, match="must lie in"):
-        mech.debias(np.array([mech.bound * 1.01]))
+    with pytest.raises(ValueError, match="off the grid"):
+        mech.debias(np.array([mech.grid]))
 
 
 @pytest.mark.parametrize("mech", [KSampling(2.0, 3), DuchiMultiDim(2.0, 3)])
@@ -151,7 +135,7 @@ def test_vector_inputs_validated(mech, rng):
         mech.privatize(np.full((5, 3), 2.0), rng)
     with pytest.raises(ValueError, match=r"shape \(n, 3\)"):
         mech.estimate(np.zeros((5, 2)))
-    with pytest.raises(ValueError, match="must lie in"):
+    with pytest.raises(ValueError, match="grid indices"):
         mech.estimate(np.full((5, 3), mech.bound * 2))
     one = mech.privatize(np.zeros(3), rng)
     assert one.shape == (3,) and mech.estimate(one).shape == (3,)
@@ -193,28 +177,29 @@ def test_pdp_tuned_width_matches_spec(eps, width, pdp_var, pm_var):
 def test_worst_case_variance_is_max_over_inputs(cls, eps):
     mech = cls(eps)
     grid_max = float(np.max(mech.variance(np.linspace(-1, 1, 2001))))
-    assert mech.worst_case_variance() == pytest.approx(grid_max, rel=1e-12)
+    step = 2 / (mech.inputs - 1)  # an upper bound within the rounding's Δ²/4 of the maximum
+    assert grid_max <= mech.worst_case_variance() * (1 + 1e-12) <= (grid_max + step**2 / 4) * (1 + 1e-9)
 
 
 def test_hybrid_switch_point():
     assert HYBRID_EPSILON_STAR == pytest.approx(0.6094, abs=1e-4)
     assert Hybrid(HYBRID_EPSILON_STAR).alpha == 0.0
-    assert Hybrid(0.62).alpha == pytest.approx(1 - math.exp(-0.31))
+    assert Hybrid(0.62).alpha == pytest.approx(1 - math.exp(-0.31), abs=2**-32)
     # ε* is where HM with α = 1 - e^{-ε/2} stops being worse than pure Duchi in the worst case
     eps = HYBRID_EPSILON_STAR
     alpha = 1 - math.exp(-eps / 2)
     pm, duchi = Piecewise(eps), Duchi(eps)
     for t in (0.0, 1.0):
         mixed = alpha * pm.variance(t) + (1 - alpha) * duchi.variance(t)
-        assert mixed == pytest.approx(duchi.worst_case_variance(), rel=1e-9)
+        assert mixed == pytest.approx(duchi.worst_case_variance(), rel=1e-3)  # the grid's cost
 
 
 def test_laplace_and_gaussian_closed_forms():
-    assert Laplace(0.5).variance(0.3) == pytest.approx(2 * (2 / 0.5) ** 2)
+    assert Laplace(0.5).variance(0.3) == pytest.approx(2 * (2 / 0.5) ** 2, rel=1e-5)
     g = Gaussian(0.5, 1e-5)
     assert g.sigma == pytest.approx(2 * math.sqrt(2 * math.log(1.25e5)) / 0.5)
-    assert g.delta == 1e-5 and g.variance(-1.0) == pytest.approx(g.sigma**2)
-    assert g.rdp(3.0) == pytest.approx(3.0 * 4 / (2 * g.sigma**2))
+    assert g.delta == 1e-5 and g.variance(-1.0) == pytest.approx(g.sigma**2, rel=1e-3)
+    assert g.rdp(3.0) == pytest.approx(3.0 * 4 / (2 * g.sigma**2), rel=1e-3)
 
 
 def test_duchi_constants():
@@ -241,7 +226,8 @@ def test_ksampling_reports_have_k_nonzero_coordinates(rng):
     mech = KSampling(5.0, 4, base="duchi")  # k = 2, Duchi outputs are never 0
     reports = mech.privatize(rng.uniform(-1, 1, (1000, 4)), rng)
     assert np.all(np.count_nonzero(reports, axis=1) == 2)
-    np.testing.assert_allclose(np.abs(reports[reports != 0]), 2 * mech.base_mechanism.bound)
+    values = mech.debias(reports)
+    np.testing.assert_allclose(np.abs(values[reports != 0]), 2 * mech.base_mechanism.bound)
 
 
 # ---- exact privacy: discrete mechanisms --------------------------------------------------------------------
@@ -252,11 +238,9 @@ def test_duchi_exact_likelihood_ratio(eps):
     mech = Duchi(eps)
     probs = mech.output_probabilities(T_GRID)  # (n_t, 2)
     assert np.allclose(probs.sum(axis=1), 1.0)
-    assert _max_ratio(probs) == pytest.approx(math.exp(eps), rel=1e-9)
+    assert _max_ratio(probs) == pytest.approx(math.exp(eps), rel=1e-6)
     assert _max_ratio(probs) <= math.exp(eps) * (1 + 1e-12)
     np.testing.assert_allclose(probs @ mech.outputs, T_GRID, atol=1e-12)  # exactly unbiased
-    np.testing.assert_allclose(mech.pmf(T_GRID, mech.bound), probs[:, 1])
-    assert np.all(mech.pmf(0.0, np.array([0.0, 1.0])) == 0)
 
 
 @pytest.mark.parametrize("d", range(1, 9))
@@ -285,65 +269,7 @@ def test_duchi_multidim_enumeration_limit():
         DuchiMultiDim(1.0, DuchiMultiDim.MAX_ENUMERATION_D + 1).outputs()
 
 
-# ---- exact privacy: continuous mechanisms ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("cls", [Laplace, Piecewise, PDP])
-@pytest.mark.parametrize("eps", (*EPSILONS, 0.2, 6.0))
-def test_continuous_density_ratio(cls, eps):
-    mech = cls(eps)
-    reach = 10.0 if cls is Laplace else mech.bound + 0.5
-    y = _y_grid(mech, T_GRID, -reach, reach)
-    density = mech.pdf(T_GRID[:, None], y[None, :])
-    worst = _max_ratio(density)
-    assert worst <= math.exp(eps) * (1 + 1e-12)
-    assert worst == pytest.approx(math.exp(eps), rel=1e-9)
-    # a proper density: integrates to 1 (piecewise constant or smooth; fine trapezoid)
-    fine = np.linspace(-reach, reach, 400_001)
-    for t in (-1.0, -0.3, 0.0, 0.8, 1.0):
-        mass = np.trapezoid(mech.pdf(t, fine), fine)
-        if cls is Laplace:  # the part of the two exponential tails beyond ±reach
-            mass += 0.5 * (math.exp(-(reach - t) / mech.scale) + math.exp(-(reach + t) / mech.scale))
-        assert mass == pytest.approx(1.0, abs=2e-4)
-
-
-@pytest.mark.parametrize("eps", (*EPSILONS, 0.3, 0.62, 6.0))
-def test_hybrid_ratio_of_both_parts(eps):
-    mech = Hybrid(eps)
-    atoms = mech.atom_probabilities(T_GRID)
-    assert _max_ratio(atoms) == pytest.approx(math.exp(eps), rel=1e-9)
-    y = _y_grid(mech, T_GRID, -mech.piecewise.bound - 0.5, mech.piecewise.bound + 0.5)
-    density = mech.pdf(T_GRID[:, None], y[None, :])
-    if mech.alpha == 0:
-        assert np.all(density == 0)
-    else:
-        assert _max_ratio(density) == pytest.approx(math.exp(eps), rel=1e-9)
-        mass = np.trapezoid(mech.pdf(0.2, y), y) + atoms[120].sum()
-        assert mass == pytest.approx(1.0, abs=1e-3)
-
-
-@pytest.mark.parametrize("eps", EPSILONS)
-def test_pdp_exact_mean_and_variance_by_integration(eps):
-    """Check the analytic E[y] = K t and Var(t) of the repaired PDP by integrating its density."""
-    mech = PDP(eps)
-    y = np.linspace(-mech.bound, mech.bound, 2_000_001)
-    for t in (-1.0, -0.4, 0.0, 0.7, 1.0):
-        f = mech.pdf(t, y)
-        mean = np.trapezoid(f * y, y) / mech.scale
-        second = np.trapezoid(f * y * y, y) / mech.scale**2
-        assert mean == pytest.approx(t, abs=2e-5)
-        assert second - t * t == pytest.approx(mech.variance(t), rel=1e-4)
-
-
-@pytest.mark.parametrize("eps", EPSILONS)
-def test_pm_exact_mean_and_variance_by_integration(eps):
-    mech = Piecewise(eps)
-    y = np.linspace(-mech.bound, mech.bound, 2_000_001)
-    for t in (-1.0, 0.0, 0.55, 1.0):
-        f = mech.pdf(t, y)
-        mean = np.trapezoid(f * y, y)
-        assert mean == pytest.approx(t, abs=2e-4)
-        assert np.trapezoid(f * y * y, y) - t * t == pytest.approx(mech.variance(t), rel=1e-4)
+# ---- exact privacy of the released grids: tests/protocols/numeric/test_grid.py -------------------------------
 
 
 # ---- the Gaussian: exact (ε, δ) ----------------------------------------------------------------------------
@@ -377,7 +303,7 @@ def test_gaussian_exact_delta_matches_direct_integration():
 def test_hybrid_one_draw_stream_for_one_or_many_users():
     """Hybrid privatizes a PM part and a Duchi part; an empty part is skipped. Same seed, same draws: a batch's
     outputs equal the reference (both parts always called) for any mix, including all-PM and all-Duchi batches."""
-    from protocols.numeric.piecewise import Hybrid
+    from protocols.exact import uniform_below_array
 
     mech = Hybrid(2.0)
     for n in (1, 2, 7, 500):
@@ -385,8 +311,8 @@ def test_hybrid_one_draw_stream_for_one_or_many_users():
         for seed in range(5):
             got = mech.privatize(t, np.random.default_rng(seed))
             rng = np.random.default_rng(seed)
-            use_pm = rng.random(n) < mech.alpha
-            want = np.empty(n)
+            use_pm = uniform_below_array(rng, 1 << 32, n) < mech._alpha_num
+            want = np.empty(n, dtype=np.int64)
             want[use_pm] = mech.piecewise.privatize(t[use_pm], rng)
-            want[~use_pm] = mech.duchi.privatize(t[~use_pm], rng)
+            want[~use_pm] = mech.duchi.privatize(t[~use_pm], rng) + mech.grid - 2
             assert np.array_equal(got, want)
