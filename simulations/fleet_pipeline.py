@@ -412,7 +412,7 @@ class MemoizedPipeline:
             if gid is not None:
                 if table is None:
                     width = reports_new.shape[1]  # type: ignore[union-attr]
-                    table = np.empty((int(gid.max()) + 1, width))
+                    table = np.empty((int(gid.max()) + 1, width), dtype=reports_new.dtype)  # type: ignore[union-attr]
                 if fresh.size:
                     table[gid[fresh, r]] = reports_new
                 reports = table[gid[:, r]]

@@ -82,9 +82,9 @@ from typing import Any
 
 import numpy as np
 
-from protocols.base import FrequencyOracle, check_int
+from protocols.base import FrequencyOracle, check_category, check_int
 from protocols.frequency._common import keep_probability, oracle_epsilon, report_vector, user_values
-from protocols.frequency.direct import grr_perturb
+from protocols.frequency.direct import grr_perturb, grr_perturb_one
 
 __all__ = ["HadamardResponse", "choose_rows", "fwht", "hadamard_entries", "least_variance_rows", "optimal_variance",
            "output_space"]
@@ -346,6 +346,29 @@ class HadamardResponse(FrequencyOracle):
         keep = rng.random(n) < self.p
         u = self._hash(x, w) ^ np.where(keep, 0, rng.integers(1, self.t, size=n, dtype=np.int64))
         return (w << self.rows) | u
+
+    def privatize_one(self, value: Any, rng: np.random.Generator) -> int:
+        """:meth:`privatize` of one user's item in Python integers: the same draws in the same order (every draw of
+        the batch path is made, including the flip the batch computes for kept reports)."""
+        x = check_category(value, self.k)
+        if self.rows == 0:
+            return grr_perturb_one(x, self.k, self.p, rng)
+        if self.rows == 1:
+            row = x + 1
+            y0 = int(rng.integers(0, self.K, dtype=np.int64))
+            in_c = (row & y0).bit_count() % 2 == 0
+            want_c = rng.random() < self.p
+            return y0 if in_c == want_c else y0 ^ (row & -row)
+        w = int(rng.integers(0, 1 << self.r, dtype=np.int64))
+        keep = rng.random() < self.p
+        flip = int(rng.integers(1, self.t, dtype=np.int64))
+        u, c = 0, x
+        for i in range(self.rows):  # _hash of one (x, w): bit i = parity((x·z^i) & w)
+            u |= ((c & w).bit_count() & 1) << i
+            c <<= 1
+            if (c >> self.r) & 1:
+                c ^= self._poly
+        return (w << self.rows) | (u if keep else u ^ flip)
 
     # --- server ----------------------------------------------------------------------------------------------------
 

@@ -397,9 +397,11 @@ class HaarRecord(NumericMechanism):
 
     # ----------------------------------------------------------------- exact distribution (discrete variant)
     def outputs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Discrete variant only (``mean="duchi"``, ``detail="duchi_md"``): the output alphabets (±B_m, z's)."""
+        """Discrete variant only (``mean="duchi"``, ``detail="duchi_md"``): the released alphabets — the mean's
+        indices ``[0, 1]`` (−B_m, +B_m) and the detail's sign-bit rows (1 for +B), in the order of
+        :meth:`report_distribution`'s last axes."""
         self._require_discrete()
-        return self.mean.outputs, self.detail.outputs()
+        return np.array([0, 1]), (self.detail.outputs() > 0).astype(np.int64)
 
     def report_distribution(self, records: Any) -> np.ndarray:
         """Exact ``P[(y, z) | x]`` for the discrete variant: shape (n, 2, 2^{D-1}) (or (2, 2^{D-1})).

@@ -43,7 +43,7 @@ def test_every_exception_class_lives_in_protocols_errors():
 def test_every_error_has_the_common_base_and_its_builtin():
     public = [getattr(errors, name) for name in errors.__all__ if name != "HaarvestError"]
     classes = [c for c in public if inspect.isclass(c) and issubclass(c, BaseException)]
-    assert len(classes) == 13  # MissingPostgres (simulations.postgres) is the 13th
+    assert len(classes) == 14  # MissingPostgres (simulations.postgres) is the 13th, OffGridError (SPEC §3.0) the 14th
     for cls in classes:
         assert issubclass(cls, errors.HaarvestError)
     assert issubclass(errors.WireError, ValueError) and issubclass(errors.SourceError, RuntimeError)

@@ -154,29 +154,39 @@ def test_haar_full_report_distribution(epsilon):
 
 @pytest.mark.parametrize("epsilon", [*EPSILONS, 0.1, 8.0])
 def test_square_wave_density_ratio_is_exactly_e_eps(epsilon):
+    """The continuous parameters as Li et al. give them, and the released grid law's exact ratio (SPEC §3.0): every
+    window start's row of the exact channel against every other, enumerated on a small resolution."""
+    from fractions import Fraction
+
+    from protocols.exact import ratio_within
+    from protocols.numeric._grid import channel_epsilon
+
     b, p, q = square_wave_parameters(epsilon)
     e = math.exp(epsilon)
     assert math.isclose(b, (epsilon * e - e + 1) / (2 * e * (e - 1 - epsilon)), rel_tol=1e-9)
     assert math.isclose(p / q, e, rel_tol=1e-12)
     assert math.isclose(2 * b * p + q, 1.0, rel_tol=1e-12)  # total mass over [−b, 1+b]
     mech = SquareWave(epsilon, 8)
-    outputs = np.linspace(-b, 1 + b, 2001)
-    table = np.stack([mech.likelihood(outputs, v) for v in np.linspace(0, 1, 41)])
-    assert math.isclose(_max_ratio(table), e, rel_tol=1e-12)
-    assert np.all(mech.likelihood([-b - 1e-9, 1 + b + 1e-9], 0.5) == 0)
+    ch = mech.channel
+    assert ch.cells == mech.cells and ch.window == round(mech.cells * 2 * b / (1 + 2 * b))
+    rows = [mech.channel_row(s) for s in (0, 1, ch.positions // 2, ch.positions - 1)]
+    assert all(sum(r) == 1 for r in rows)
+    ratio = channel_epsilon(rows)
+    assert isinstance(ratio, Fraction) and ratio_within(ratio.numerator, ratio.denominator, epsilon)
+    assert float(ratio) == pytest.approx(e, rel=1e-6)
+    assert np.all(mech.likelihood([-1, mech.cells, 0.5], 0.5) == 0)  # not cells: impossible
 
 
 def test_square_wave_sampler_matches_density(rng):
+    from scipy import stats
+
     mech = SquareWave(1.0, 8)
     y = mech.privatize(np.full(400_000, 0.3), rng)
-    assert y.min() >= -mech.b and y.max() <= 1 + mech.b
-    edges = np.linspace(-mech.b, 1 + mech.b, 41)
-    counts, _ = np.histogram(y, edges)
-    mids = (edges[:-1] + edges[1:]) / 2
-    # expected mass per cell (cells straddling the window edge: average the density at 200 points)
-    fine = np.linspace(0, 1, 200, endpoint=False)[None, :] * np.diff(edges)[:, None] + edges[:-1, None]
-    expected = mech.likelihood(fine, 0.3).mean(axis=1) * np.diff(edges) * y.size
-    assert np.all(np.abs(counts - expected) < 5 * np.sqrt(expected)), mids
+    assert y.dtype == np.int64 and y.min() >= 0 and y.max() < mech.cells
+    per = mech.cells // 64
+    counts = np.bincount(y // per, minlength=64)
+    expected = np.add.reduceat(mech.likelihood(np.arange(mech.cells), 0.3), np.arange(0, mech.cells, per)) * y.size
+    assert stats.chisquare(counts, expected * counts.sum() / expected.sum()).pvalue > 1e-4
 
 
 # ----------------------------------------------------------------------------- hierarchical internals

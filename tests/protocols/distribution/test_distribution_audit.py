@@ -25,8 +25,10 @@ D = 4
 
 
 def _square_wave_events(mech: SquareWave, v1: float, v2: float) -> list:
-    def window(r, v):
-        return np.abs(np.asarray(r) - v) <= mech.b
+    def window(r, v):  # the released cells of the window that starts at v's grid position (v is a grid point)
+        start = round(v * (mech.channel.positions - 1))
+        r = np.asarray(r)
+        return (r >= start) & (r < start + mech.channel.window)
 
     return [lambda r: window(r, v1), lambda r: window(r, v1) & ~window(r, v2)]
 

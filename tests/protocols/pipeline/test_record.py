@@ -112,8 +112,10 @@ def test_input_and_report_validation(rng):
         mech.estimate(np.zeros((5, 3)))
     with pytest.raises(ValueError, match="zero reports"):
         mech.estimate(np.zeros((0, 4)))
-    with pytest.raises(ValueError, match="must lie in"):
+    with pytest.raises(ValueError, match="grid indices"):
         mech.estimate(np.full((2, 4), 1e6))  # impossible outputs are rejected, not averaged
+    with pytest.raises(ValueError, match="off the grid"):
+        mech.estimate(np.full((2, 4), 10**6))
     with pytest.raises(ValueError, match="range"):
         mech.range_variance(2, 1)
 
@@ -176,7 +178,7 @@ def test_exact_ratio_on_the_coefficient_box_is_the_composed_epsilon(eps, d):
     p_m = mech.mean.output_probabilities(np.array([-1.0, 1.0]))  # (2 inputs, 2 outputs)
     joint = (p_m[:, None, :, None] * p_c[None, :, None, :]).reshape(2 * len(c_vertices), -1)
     ratio = float(np.max(joint.max(axis=0) / joint.min(axis=0)))
-    assert ratio == pytest.approx(math.exp(mech.epsilon_mean) * math.exp(mech.epsilon_detail), rel=1e-12)
+    assert ratio == pytest.approx(math.exp(mech.epsilon_mean) * math.exp(mech.epsilon_detail), rel=1e-8)  # H/L
     assert math.log(ratio) <= mech.epsilon * (1 + 1e-12)
 
 
@@ -200,11 +202,10 @@ def test_report_distribution_matches_sampling_frequencies(rng):
     n = 200_000
     reports = mech.privatize(np.broadcast_to(x, (n, 3)), rng)
     ys, zs = mech.outputs()
-    y_idx = (reports[:, 0] > 0).astype(int)
-    z_signs = np.sign(reports[:, 1:])
-    z_idx = (((1 - z_signs) / 2).astype(int) * (1 << np.arange(mech.D - 1))).sum(axis=1)
-    np.testing.assert_allclose(zs[z_idx], reports[:, 1:])
-    np.testing.assert_allclose(ys[y_idx], reports[:, 0])
+    y_idx = reports[:, 0]
+    z_idx = ((1 - reports[:, 1:]) * (1 << np.arange(mech.D - 1))).sum(axis=1)  # bit 1 is +B: row order of outputs()
+    np.testing.assert_array_equal(zs[z_idx], reports[:, 1:])
+    np.testing.assert_array_equal(ys[y_idx], reports[:, 0])
     counts = np.bincount(y_idx * zs.shape[0] + z_idx, minlength=2 * zs.shape[0]) / n
     p = mech.report_distribution(x).reshape(-1)
     assert np.all(np.abs(counts - p) < 5 * np.sqrt(p * (1 - p) / n) + 1e-9)
@@ -241,8 +242,8 @@ def test_estimate_is_inverse_haar_of_debiased_means(rng):
     reports = mech.privatize(x, rng)
     assert reports.shape == (1000, 8)
     co = mech.debias(reports)
-    np.testing.assert_allclose(co[:, 0], reports[:, 0] / mech.mean.scale)
-    np.testing.assert_allclose(co[:, 1:], reports[:, 1:])
+    np.testing.assert_allclose(co[:, 0], mech.mean.debias(reports[:, 0]))
+    np.testing.assert_allclose(co[:, 1:], mech.detail.debias(reports[:, 1:]))
     est = mech.estimate(reports)
     np.testing.assert_allclose(est, haar_inverse(co[:, 0].mean(), co[:, 1:].mean(axis=0), 6))
     np.testing.assert_allclose(mech.contributions(reports).mean(axis=0), est)
@@ -304,12 +305,13 @@ def test_direct_mechanism_models(cls, d, rng):
     mech = cls(6.0 if cls is KSampling else 1.0, d)
     model = numeric_model(mech)
     x = rng.uniform(-1, 1, (50, d))
-    np.testing.assert_allclose(model.variance(x, np.eye(d)), mech.variance(x), rtol=1e-12)  # single coordinates
+    # single coordinates; the model is quadratic, the grid law adds the input rounding's f(1−f)Δ² (≤ 10^-8 here)
+    np.testing.assert_allclose(model.variance(x, np.eye(d)), mech.variance(x), rtol=1e-7)
     w = _query_weights(mech, "mean")
     const, M = model.form(w)
     exact = [const[i] + _exact_box_max(M[i]) for i in range(d)]
     np.testing.assert_allclose(model.worst(w), exact, rtol=1e-10)
-    assert model.worst(w).max() == pytest.approx(mech.worst_case_variance(), rel=1e-9)
+    assert model.worst(w).max() == pytest.approx(mech.worst_case_variance(), rel=1e-7)
 
 
 def test_variance_shapes_and_worst_case(rng):

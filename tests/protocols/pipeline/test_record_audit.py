@@ -23,8 +23,9 @@ M_PAIR = (np.ones(D_AUDIT), -np.ones(D_AUDIT))
 C_PAIR = (np.array([1.0, 1.0, -1.0, -1.0]), np.array([-1.0, -1.0, 1.0, 1.0]))
 
 
-def _column_event(column: int, threshold: float):
-    return lambda r: np.asarray(r)[:, column] > threshold
+def _column_event(column: int, threshold: float, mech=None):
+    """``value > threshold`` on one column of the debiased coefficients (``mech.debias`` of the released indices)."""
+    return lambda r: mech.debias(r)[:, column] > threshold
 
 
 def _scalar_thresholds(mech) -> list[float]:
@@ -40,13 +41,13 @@ def _scalar_thresholds(mech) -> list[float]:
 
 
 def _events(mech: HaarRecord) -> list:
-    events = [_column_event(0, s) for s in _scalar_thresholds(mech.mean)]
+    events = [_column_event(0, s, mech) for s in _scalar_thresholds(mech.mean)]
     detail = mech.detail
     if mech.detail_mechanism == "ksampling":
         base = detail.base_mechanism
-        events += [_column_event(1, detail.scale * s) for s in _scalar_thresholds(base)]
+        events += [_column_event(1, detail.scale * s, mech) for s in _scalar_thresholds(base)]
     else:
-        events.append(_column_event(1, 0.0))
+        events.append(_column_event(1, 0.0, mech))
     return events
 
 
@@ -91,7 +92,7 @@ class _UnperturbedMean(HaarRecord):
     def privatize(self, records, rng):
         out = super().privatize(records, rng)
         x = np.atleast_2d(np.asarray(records, dtype=float))
-        out[:, 0] = x.mean(axis=1) * self.d / self.D
+        out[:, 0] = np.where(x.mean(axis=1) > 0, self.mean.grid - 1, 0)  # the mean's sign, in the clear
         return out
 
 
@@ -103,14 +104,15 @@ class _UnperturbedDetails(HaarRecord):
         from protocols.haar import haar_forward
 
         _, c = haar_forward(np.atleast_2d(np.asarray(records, dtype=float)))
-        out[:, 1:] = np.where(out[:, 1:] != 0, self.detail.scale * c, 0.0)
+        top = self.detail.base_mechanism.grid  # 1 + the base's largest index
+        out[:, 1:] = np.where(out[:, 1:] != 0, np.where(c > 0, top, 1), 0)  # each sampled detail's sign, in the clear
         return out
 
 
 def test_audit_catches_leaky_variants(rng):
     leaky_m = _UnperturbedMean(1.0, D_AUDIT, "pdp", split=0.5)
-    res = audit(leaky_m, *M_PAIR, [_column_event(0, 0.5)], 5000, rng)
+    res = audit(leaky_m, *M_PAIR, [_column_event(0, 0.5, leaky_m)], 5000, rng)
     assert not res.passed, res
     leaky_c = _UnperturbedDetails(1.0, D_AUDIT, "pdp", split=0.5)
-    res = audit(leaky_c, *C_PAIR, [_column_event(1, 0.5)], 5000, rng)
+    res = audit(leaky_c, *C_PAIR, [_column_event(1, 0.5, leaky_c)], 5000, rng)
     assert not res.passed, res
