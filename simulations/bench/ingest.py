@@ -67,7 +67,7 @@ def _params() -> dict:
 
 def _reports(fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
     spec = parse_round_params(_params()).streams[STREAMS[0]]
-    body = make_body(-float(spec.build().bound))  # a Duchi report at ε = 0.25 (−B), full double precision
+    body = make_body(0)  # a Duchi report at ε = 0.25: index 0 (−B)
     return [dev.report(round_id, s, "duchi", body) for s in STREAMS for dev in fleet.devices]
 
 
