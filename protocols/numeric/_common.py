@@ -7,11 +7,12 @@ from typing import Any
 import numpy as np
 
 from protocols.base import NumericMechanism, check_epsilon, check_int, check_unit_interval
+from protocols.errors import OffGridError
 
 __all__ = [
     "MAX_EPSILON",
     "check_rng",
-    "check_reports",
+    "check_indices",
     "check_dimension",
     "check_bounded_epsilon",
     "as_result",
@@ -38,20 +39,18 @@ def check_rng(rng: Any) -> np.random.Generator:
     return rng
 
 
-def check_reports(reports: Any, bound: float | None = None, name: str = "reports") -> np.ndarray:
-    """Reports received from devices: finite floats, and within ``[-bound, bound]`` when the output is bounded.
-
-    A small relative slack (1e-9) absorbs float rounding; anything further out cannot have come from the
-    mechanism and is rejected rather than silently biasing the estimate.
-    """
-    arr = np.asarray(reports, dtype=float)
-    if arr.size and not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite; got NaN or infinity")
-    if bound is not None and arr.size:
-        worst = float(np.max(np.abs(arr)))
-        if worst > bound * (1 + 1e-9):
-            raise ValueError(f"{name} must lie in [-{bound:.6g}, {bound:.6g}]; got |report| = {worst:.6g}")
-    return arr
+def check_indices(reports: Any, size: int, name: str = "reports") -> np.ndarray:
+    """Released values as int64 grid indices in ``[0, size)`` (SPEC §3.0); OffGridError otherwise — a real number is a
+    report of a release format no current device sends (raw doubles, refused), an integer outside the range is off
+    the grid."""
+    arr = np.asarray(reports)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise OffGridError(f"{name} must be grid indices (integers in [0, {size})), got {arr.dtype} values: "
+                           "a real-valued report is the old raw-double release, refused")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= size):
+        raise OffGridError(f"{name} are off the grid: indices must lie in [0, {size}), got "
+                           f"[{int(arr.min())}, {int(arr.max())}]")
+    return arr.astype(np.int64, copy=False)
 
 
 def as_result(value: np.ndarray, like: Any) -> Any:
@@ -76,11 +75,12 @@ class VectorMeanMechanism(NumericMechanism):
             raise ValueError(f"values must have shape (n, {self.d}) (one row per user); got shape {arr.shape}")
         return arr
 
-    def _check_report_shape(self, reports: Any, bound: float | None) -> np.ndarray:
-        arr = check_reports(reports, bound)
+    def _check_report_rows(self, reports: Any, size: int) -> np.ndarray:
+        """Released rows: shape ``(n, d)`` (or one ``(d,)``) of grid indices in ``[0, size)`` (:func:`check_indices`)."""
+        arr = np.asarray(reports)
         if arr.ndim == 0 or arr.shape[-1] != self.d:
             raise ValueError(f"reports must have shape (n, {self.d}); got shape {arr.shape}")
-        return arr
+        return check_indices(arr, size)
 
     def estimate(self, reports: np.ndarray) -> np.ndarray:
         """Per-coordinate mean of the debiased reports: shape ``(d,)``."""

@@ -9,7 +9,6 @@ index check of the decoder (``off grid`` for anything else), the exact channel `
 
 from __future__ import annotations
 
-import math
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -17,10 +16,9 @@ from typing import Any
 import numpy as np
 
 from protocols.base import NumericMechanism, check_int, check_unit_interval, check_unit_value
-from protocols.errors import OffGridError
 from protocols.exact import MAX_GRID, WindowChannel, randomized_round, randomized_round_one
 
-from ._common import as_result, check_rng
+from ._common import as_result, check_indices, check_rng
 
 __all__ = ["DEFAULT_GRID", "check_grid", "check_indices", "GridMechanism", "WindowMechanism", "channel_epsilon"]
 
@@ -32,19 +30,6 @@ DEFAULT_GRID = 1 << 15
 
 def check_grid(grid: Any, minimum: int = 2) -> int:
     return check_int(grid, "grid", minimum, MAX_GRID)
-
-
-def check_indices(reports: Any, size: int, name: str = "reports") -> np.ndarray:
-    """Released values as int64 grid indices in ``[0, size)``; ValueError otherwise — a real number is a report of
-    a release format no current device sends (raw doubles, refused), an integer outside the range is off the grid."""
-    arr = np.asarray(reports)
-    if arr.size and arr.dtype.kind not in "iu":
-        raise OffGridError(f"{name} must be grid indices (integers in [0, {size})), got {arr.dtype} values: "
-                         "a real-valued report is the old raw-double release, refused")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= size):
-        raise OffGridError(f"{name} are off the grid: indices must lie in [0, {size}), got "
-                         f"[{int(arr.min())}, {int(arr.max())}]")
-    return arr.astype(np.int64, copy=False)
 
 
 def channel_epsilon(rows: list[list[Any]]) -> Fraction | Decimal:

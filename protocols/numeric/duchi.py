@@ -24,7 +24,7 @@ from ._common import (
     check_dimension,
     check_rng,
 )
-from ._grid import GridMechanism, check_indices
+from ._grid import GridMechanism
 
 __all__ = ["Duchi", "DuchiMultiDim", "duchi_constant"]
 
@@ -165,10 +165,7 @@ class DuchiMultiDim(VectorMeanMechanism):
 
     def debias(self, reports: np.ndarray) -> np.ndarray:
         """Released bits (1 for ``+B``, 0 for ``−B``) → ``±B`` per coordinate."""
-        arr = np.asarray(reports)
-        if arr.ndim == 0 or arr.shape[-1] != self.d:
-            raise ValueError(f"reports must have shape (n, {self.d}); got shape {arr.shape}")
-        return self.bound * (2.0 * check_indices(arr, 2) - 1.0)
+        return self.bound * (2.0 * self._check_report_rows(reports, 2) - 1.0)
 
     def variance(self, t: Any = 0.0) -> Any:
         tt = check_unit_interval(t, "t")

@@ -7,26 +7,26 @@ ICDE 2019, Algorithm 4 (k = max(1, min(d, ⌊ε/2.5⌋))).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from protocols.base import NumericMechanism, check_epsilon, check_unit_interval
+from protocols.base import check_epsilon, check_unit_interval
 
 from protocols import catalogue
 
 from ._common import VectorMeanMechanism, as_result, check_dimension, check_rng
-from ._grid import check_indices
+from ._grid import GridMechanism
 
 __all__ = ["KSampling", "make_scalar_mechanism"]
 
 
-def make_scalar_mechanism(name: str, epsilon: float) -> NumericMechanism:
+def make_scalar_mechanism(name: str, epsilon: float) -> GridMechanism:
     """Build a 1-D pure-ε mechanism by name (a catalogue name with :attr:`~protocols.catalogue.Role.SCALAR`)."""
     known = catalogue.names(catalogue.Role.SCALAR)
     if name not in known:
         raise ValueError(f"unknown 1-D mechanism {name!r}; known: {', '.join(known)}")
-    return catalogue.entry(name).cls(epsilon)
+    return cast(GridMechanism, catalogue.entry(name).cls(epsilon))  # every scalar role releases grid indices
 
 
 class KSampling(VectorMeanMechanism):
@@ -84,10 +84,7 @@ class KSampling(VectorMeanMechanism):
 
     def debias(self, reports: np.ndarray) -> np.ndarray:
         """Released rows → ``(d/k)·M.debias(j)`` on sampled coordinates (value ``1 + j``), 0 elsewhere."""
-        arr = np.asarray(reports)
-        if arr.ndim == 0 or arr.shape[-1] != self.d:
-            raise ValueError(f"reports must have shape (n, {self.d}); got shape {arr.shape}")
-        idx = check_indices(arr, self.grid)
+        idx = self._check_report_rows(reports, self.grid)
         values = self.base_mechanism.debias(np.maximum(idx - 1, 0))
         return np.where(idx > 0, self.scale * values, 0.0)
 
