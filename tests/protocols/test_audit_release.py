@@ -10,6 +10,8 @@ from protocols.audit import float_reachable, grid_reachable, release_audit
 from protocols.numeric import PDP, Duchi, Gaussian, Hybrid, Laplace, Piecewise
 from tests.protocols.numeric.float_controls import float_laplace, float_piecewise
 
+pytestmark = pytest.mark.audit
+
 
 @pytest.mark.parametrize("control", [float_piecewise, float_laplace], ids=["pm", "laplace"])
 @pytest.mark.parametrize("x1, x2", [(1.0, -1.0), (0.0, 0.6)])
