@@ -38,6 +38,8 @@ __all__ = [
     "randomized_round_one",
     "discrete_laplace",
     "discrete_gaussian",
+    "discrete_laplace_one",
+    "discrete_gaussian_one",
     "WindowChannel",
 ]
 
@@ -150,10 +152,28 @@ def _bernoulli_exp(rng: np.random.Generator, num: np.ndarray, den: np.ndarray) -
         out[pending[~ok]] = False
         left[pending] -= 1
         pending = pending[ok & (left[pending] > 0)]
-    rest = np.flatnonzero(out)
+    frac = num - whole * den
+    rest = np.flatnonzero(out & (frac > 0))  # exp(−0) = 1: no draw
     if rest.size:
-        out[rest] = _bernoulli_exp_unit(rng, num[rest] - whole[rest] * den[rest], den[rest])
+        out[rest] = _bernoulli_exp_unit(rng, frac[rest], den[rest])
     return out
+
+
+def _bernoulli_exp_unit_one(rng: np.random.Generator, num: int, den: int) -> bool:
+    """:func:`_bernoulli_exp_unit` of one γ, in Python integers: the same draws."""
+    k = 1
+    while uniform_below(rng, den * k) < num:
+        k += 1
+    return k % 2 == 1
+
+
+def _bernoulli_exp_one(rng: np.random.Generator, num: int, den: int) -> bool:
+    """:func:`_bernoulli_exp` of one γ, in Python integers: the same draws."""
+    whole, frac = divmod(num, den)
+    for _ in range(whole):
+        if not _bernoulli_exp_unit_one(rng, 1, 1):
+            return False
+    return _bernoulli_exp_unit_one(rng, frac, den) if frac else True
 
 
 def discrete_laplace(rng: np.random.Generator, scale: Fraction, size: int) -> np.ndarray:
@@ -163,7 +183,6 @@ def discrete_laplace(rng: np.random.Generator, scale: Fraction, size: int) -> np
     t, s = scale.numerator, scale.denominator
     out = np.zeros(size, dtype=np.int64)
     todo = np.arange(size)
-    one = np.ones(1, dtype=np.int64)
     while todo.size:
         m = todo.size
         u = uniform_below_array(rng, t, m)
@@ -171,8 +190,9 @@ def discrete_laplace(rng: np.random.Generator, scale: Fraction, size: int) -> np
         idx, u = todo[keep], u[keep]
         v = np.zeros(idx.size, dtype=np.int64)
         going = np.arange(idx.size)
-        while going.size:
-            more = _bernoulli_exp(rng, np.broadcast_to(one, going.shape).copy(), np.broadcast_to(one, going.shape).copy())
+        while going.size:  # V: Bernoulli(e^-1) successes before the first failure
+            ones = np.ones(going.size, dtype=np.int64)
+            more = _bernoulli_exp_unit(rng, ones, ones)
             v[going[more]] += 1
             going = going[more]
         y = (u + t * v) // s
@@ -200,6 +220,33 @@ def discrete_gaussian(rng: np.random.Generator, sigma2: int, size: int) -> np.nd
         out[todo[ok]] = y[ok]
         todo = todo[~ok]
     return out
+
+
+def discrete_laplace_one(rng: np.random.Generator, scale: Fraction) -> int:
+    """One draw of :func:`discrete_laplace` in Python integers (a device's one-value path): the same draws."""
+    t, s = scale.numerator, scale.denominator
+    while True:
+        u = uniform_below(rng, t)
+        if not _bernoulli_exp_unit_one(rng, u, t):
+            continue
+        v = 0
+        while _bernoulli_exp_unit_one(rng, 1, 1):
+            v += 1
+        y = (u + t * v) // s
+        if uniform_below(rng, 2) == 1:
+            if y == 0:
+                continue
+            return -y
+        return y
+
+
+def discrete_gaussian_one(rng: np.random.Generator, sigma2: int) -> int:
+    """One draw of :func:`discrete_gaussian` in Python integers: the same draws."""
+    t = math.isqrt(sigma2) + 1
+    while True:
+        y = discrete_laplace_one(rng, Fraction(t))
+        if _bernoulli_exp_one(rng, (abs(y) * t - sigma2) ** 2, 2 * sigma2 * t * t):
+            return y
 
 
 # ------------------------------------------------------------------ the window channel

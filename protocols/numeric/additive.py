@@ -19,7 +19,14 @@ from decimal import Context, Decimal
 from fractions import Fraction
 
 from protocols.base import check_delta, check_epsilon, check_int, check_unit_interval
-from protocols.exact import MAX_GRID, discrete_gaussian, discrete_laplace, rational_epsilon
+from protocols.exact import (
+    MAX_GRID,
+    discrete_gaussian,
+    discrete_gaussian_one,
+    discrete_laplace,
+    discrete_laplace_one,
+    rational_epsilon,
+)
 
 from ._common import as_result
 from ._grid import GridMechanism
@@ -57,8 +64,14 @@ class _Clamped(GridMechanism):
     def _noise(self, size: int, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
 
+    def _noise_one(self, rng: np.random.Generator) -> int:
+        raise NotImplementedError
+
     def _release(self, positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return np.clip(positions + self._noise(positions.size, rng) + self.offset, 0, self.grid - 1)
+
+    def _release_one(self, position: int, rng: np.random.Generator) -> int:
+        return min(max(position + self._noise_one(rng) + self.offset, 0), self.grid - 1)
 
     def noise_pmf(self, z: np.ndarray) -> np.ndarray:
         """``P[Z = z]`` in floats (for moments and tests)."""
@@ -126,6 +139,9 @@ class Laplace(_Clamped):
 
     def _noise(self, size: int, rng: np.random.Generator) -> np.ndarray:
         return discrete_laplace(rng, self.noise_scale, size)
+
+    def _noise_one(self, rng: np.random.Generator) -> int:
+        return discrete_laplace_one(rng, self.noise_scale)
 
     def noise_pmf(self, z: np.ndarray) -> np.ndarray:
         rho = math.exp(-1.0 / float(self.noise_scale))
@@ -266,6 +282,9 @@ class Gaussian(_Clamped):
 
     def _noise(self, size: int, rng: np.random.Generator) -> np.ndarray:
         return discrete_gaussian(rng, self.lattice_sigma2, size)
+
+    def _noise_one(self, rng: np.random.Generator) -> int:
+        return discrete_gaussian_one(rng, self.lattice_sigma2)
 
     def noise_pmf(self, z: np.ndarray) -> np.ndarray:
         full = np.arange(-int(50 * math.sqrt(self.lattice_sigma2)) - 64, int(50 * math.sqrt(self.lattice_sigma2)) + 65)
