@@ -119,6 +119,11 @@ def test_default_grid_costs_nothing(eps):
         assert pdp.variance(t) / pdp_variance(eps, pdp.width, t) == pytest.approx(1, abs=5e-4)
     assert Laplace(eps).variance(0.5) == pytest.approx(8 / eps**2, rel=1e-6)
     assert Piecewise(eps).grid == DEFAULT_GRID and Laplace(eps).grid <= MAX_GRID
+    # the input rounding's largest added variance, Δ²/4 (docs/spec.md §3.0): < 1e-8, and < 1e-6 of Laplace's
+    for mech in (Piecewise(eps), Hybrid(eps), PDP(eps)):
+        assert (2 / (mech.inputs - 1)) ** 2 / 4 < 1e-8
+    lap = Laplace(eps)
+    assert (2 / lap.m) ** 2 / 4 < 1e-6 * lap.variance(0.0)
 
 
 @pytest.mark.parametrize("mech", [Piecewise(1.0), Hybrid(1.0), PDP(1.0), Duchi(1.0), Laplace(1.0),
