@@ -9,6 +9,7 @@ index check of the decoder (``off grid`` for anything else), the exact channel `
 
 from __future__ import annotations
 
+import functools
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -54,7 +55,15 @@ class GridMechanism(NumericMechanism):
 
     grid: int
     inputs: int
-    _table: np.ndarray
+
+    @functools.cached_property
+    def _table(self) -> np.ndarray:
+        """The debiased value of every index, built on first use: a device, which only privatizes, never holds it
+        (up to 2^16 floats per mechanism)."""
+        return self._estimates()
+
+    def _estimates(self) -> np.ndarray:
+        raise NotImplementedError
 
     @property
     def input_grid(self) -> np.ndarray:
@@ -147,7 +156,9 @@ class WindowMechanism(GridMechanism):
         self.inputs = self.window_channel.positions
         ch = self.window_channel
         self._scale = 2.0 / (float(ch.slope) * (self.inputs - 1))
-        self._table = self._scale * (np.arange(grid, dtype=float) - float(ch.intercept)) - 1.0
+
+    def _estimates(self) -> np.ndarray:
+        return self._scale * (np.arange(self.grid, dtype=float) - float(self.window_channel.intercept)) - 1.0
 
     def _release(self, positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return self.window_channel.sample(positions, rng)

@@ -56,7 +56,9 @@ class _Clamped(GridMechanism):
         if self.grid > MAX_GRID:
             raise ValueError(f"the released grid would hold {self.grid} values (> {MAX_GRID})")
         self.inputs = m + 1
-        self._table = -1.0 + 2.0 * (np.arange(self.grid, dtype=float) - offset) / m
+
+    def _estimates(self) -> np.ndarray:
+        return -1.0 + 2.0 * (np.arange(self.grid, dtype=float) - self.offset) / self.m
 
     def _default_grid(self) -> int:
         return self.grid  # derived from ε (and δ), below a cap (Laplace: its ``grid`` parameter)

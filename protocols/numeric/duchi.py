@@ -43,8 +43,10 @@ class Duchi(GridMechanism):
         self.delta = 0.0
         self.high, self.low = ratio_weights(self.epsilon)
         self.grid = self.inputs = 2
+
+    def _estimates(self) -> np.ndarray:
         b = (self.high + self.low) / (self.high - self.low)
-        self._table = np.array([-b, b])
+        return np.array([-b, b])
 
     def _default_grid(self) -> int:
         return 2

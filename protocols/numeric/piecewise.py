@@ -81,7 +81,9 @@ class Hybrid(GridMechanism):
         self.piecewise = Piecewise(self.epsilon, grid=self.grid - 2)
         self.duchi = Duchi(self.epsilon)
         self.inputs = self.piecewise.inputs
-        self._table = np.concatenate([self.piecewise._table, self.duchi._table])
+
+    def _estimates(self) -> np.ndarray:
+        return np.concatenate([self.piecewise._estimates(), self.duchi._table])
 
     def privatize(self, values: Any, rng: np.random.Generator) -> np.ndarray:
         t = check_unit_interval(values)

@@ -58,7 +58,11 @@ class KSampling(VectorMeanMechanism):
         self.base_mechanism = make_scalar_mechanism(base, self.epsilon / self.k)
         self.scale = self.d / self.k
         self.grid = int(self.base_mechanism.grid) + 1
-        self.bound = self.scale * float(self.base_mechanism.bound)
+
+    @property
+    def bound(self) -> float:
+        """The largest |debiased value|: ``(d/k)·`` the base's (built on first use, like the base's table)."""
+        return self.scale * float(self.base_mechanism.bound)
 
     def sample_coordinates(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """``(n, k)`` indices: k distinct coordinates per user, uniformly (argpartition of i.i.d. uniforms)."""
