@@ -20,6 +20,7 @@ samplers read its bit generator's raw words (``random_raw``), 64 bits at a time.
 
 from __future__ import annotations
 
+import functools
 import math
 from decimal import Context, Decimal
 from fractions import Fraction
@@ -86,6 +87,7 @@ def ratio_within(high: int, low: int, epsilon: float) -> bool:
     return Decimal(high) / Decimal(low) * (1 + Decimal(10) ** -70) <= bound if low > 0 else False
 
 
+@functools.lru_cache(maxsize=1024)
 def ratio_weights(epsilon: float) -> tuple[int, int]:
     """Integer weights ``(H, L)`` with ``H = 2^40``, ``L = ⌈H·e^{-ε}⌉``: ``H/L ≤ e^ε`` exactly (checked with
     :func:`ratio_within`) and ``H/L > e^ε(1 − 1/L)`` — the high/low weights of a two-level channel, whose ε is
