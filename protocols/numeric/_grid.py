@@ -24,8 +24,8 @@ from ._common import as_result, check_indices, check_rng
 __all__ = ["DEFAULT_GRID", "check_grid", "check_indices", "GridMechanism", "WindowMechanism", "channel_epsilon"]
 
 #: Released values of a numeric mechanism by default (2^15: a k-sampling row adds one "not sampled" value and stays
-#: within :data:`protocols.exact.MAX_GRID`). At this grid the discrete law's variance is within 10^-6 relative of the
-#: continuous mechanism's (tests/protocols/numeric/test_grid.py measures it); a finer grid buys nothing.
+#: within :data:`protocols.exact.MAX_GRID`). At this grid the discrete law's variance is within 0.05 % of the
+#: continuous mechanism's at ε ∈ [0.1, 4] (tests/protocols/numeric/test_grid.py asserts it); a finer grid buys nothing.
 DEFAULT_GRID = 1 << 15
 
 
