@@ -28,8 +28,9 @@ payload — is decided before the report's first write), so it does not undo the
 Caps: a new charge is refused when ``spent(stream) + ε > stream_cap`` or ``spent(all) + ε > total_cap`` (and, for an
 (ε, δ) charge, when ``Σ δ + δ > delta_cap`` — basic composition adds the δs; no δ cap configured refuses every
 δ > 0 charge), where
-"spent" sums the whole ledger, or — with a renewal period P — the charges of the last P seconds (a sliding window:
-at no time has the device spent more than the cap within any window of length P). Ledger timestamps never go
+"spent" sums the whole ledger, or — with a renewal period P — the charges in the closed window ``[now − P, now]``
+(a sliding window: no closed interval of length P holds more than the cap; a charge exactly P seconds old still
+counts, so reports at t and t + P cannot both spend a full cap). Ledger timestamps never go
 backwards (``ts = max(now, last ts)``), so a clock stepped back cannot re-open budget; a clock stepped *forward*
 does renew early — devices without an RTC should sync time before reporting (documented in docs/agent.md).
 """
@@ -185,8 +186,8 @@ class _Spent:
         if period is None:  # every charge counts: no window condition to compile (the statement is most of the cost)
             window, since, totals = "", [], ["SUM(epsilon)", "SUM(delta)"]
         else:
-            window, since = " AND COALESCE(until, ts) > ?", [now - period]
-            totals = [f"SUM(CASE WHEN COALESCE(until, ts) > ? THEN {col} END)" for col in ("epsilon", "delta")]
+            window, since = " AND COALESCE(until, ts) >= ?", [now - period]  # the closed window [now − P, now]
+            totals = [f"SUM(CASE WHEN COALESCE(until, ts) >= ? THEN {col} END)" for col in ("epsilon", "delta")]
         cols = [f"SUM(CASE WHEN stream = ?{window} THEN epsilon END)"] * len(streams)
         cols += ["SUM(CASE WHEN round_id = ? THEN epsilon END)"] * len(rounds)
         cols += [*totals, "MAX(ts)", "MAX(id)", _PENDING_SQL, _NEXT_SEQ_SQL]
@@ -712,7 +713,8 @@ class State:
             yield dict(zip(cols, row))
 
     def spent(self, stream: str | None = None, since: float | None = None) -> float:
-        sql = "SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE COALESCE(until, ts) > ?"
+        """Σ ε of the ledger's charges (of ``stream``) at or after ``since`` (None: all)."""
+        sql = "SELECT COALESCE(SUM(epsilon), 0) FROM ledger WHERE COALESCE(until, ts) >= ?"
         args: list[Any] = [since if since is not None else -1e300]
         if stream is not None:
             sql += " AND stream = ?"
@@ -720,8 +722,8 @@ class State:
         return float(self._db.execute(sql, args).fetchone()[0])
 
     def spent_delta(self, since: float | None = None) -> float:
-        """Σ δ of the ledger's (ε, δ) charges (after ``since``)."""
-        row = self._db.execute("SELECT COALESCE(SUM(delta), 0) FROM ledger WHERE COALESCE(until, ts) > ?",
+        """Σ δ of the ledger's (ε, δ) charges (at or after ``since``)."""
+        row = self._db.execute("SELECT COALESCE(SUM(delta), 0) FROM ledger WHERE COALESCE(until, ts) >= ?",
                                (since if since is not None else -1e300,)).fetchone()
         return float(row[0])
 

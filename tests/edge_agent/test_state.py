@@ -85,6 +85,18 @@ def test_renewal_period_is_a_sliding_window(tmp_path):
         assert ts == sorted(ts)
 
 
+def test_the_window_is_closed_a_charge_exactly_p_old_still_counts(tmp_path):
+    """Issue 37: reports at t = 0 and t = P were both charged, so the closed interval [0, P] held twice the cap."""
+    with State(tmp_path / "a.db") as st:
+        (a,) = _commit(st, [_req(key="a")], total=1, period=100, now=1000)
+        assert a.charged == 1.0
+        (r,) = _commit(st, [_req(key="b")], total=1, period=100, now=1100)  # exactly P later: still in the window
+        assert isinstance(r, Refused) and r.reason == "total_cap"
+        (ok,) = _commit(st, [_req(key="c")], total=1, period=100, now=1100.001)
+        assert ok.charged == 1.0
+        assert st.spent(since=1000) == 2.0 and st.spent(since=1000.0005) == 1.0  # since: at or after
+
+
 def test_outbox_full_refuses_without_charging(tmp_path):
     with State(tmp_path / "a.db") as st:
         res = _commit(st, [_req(key=str(i)) for i in range(3)], max_pending=2)
