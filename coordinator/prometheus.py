@@ -8,7 +8,9 @@ dashboard for them. Families (all read at scrape time; nothing is kept twice):
   process's ingest counters; ``haarvest_ingest_connected`` (1 while the broker session is up);
 * ``haarvest_device_rejected_total{device,reason}`` — durable per-device rejection counters (only devices that
   had one), ``haarvest_device_quarantined{device}`` (1 per quarantined device), ``haarvest_devices{status}``;
-* ``haarvest_round_open{round}``, ``haarvest_round_reports{round,stream}`` — round progress;
+* ``haarvest_round_open{round}``, ``haarvest_round_reports{round,stream}`` — round progress of the open rounds and
+  the :data:`RECENT_ROUNDS` most recently opened (a bounded set of series however many rounds a fleet has run);
+  ``haarvest_rounds{status}`` — how many rounds there are by status;
 * ``haarvest_estimate{stream,label,round}`` with ``haarvest_estimate_ci_low`` / ``haarvest_estimate_ci_high`` —
   the latest round's estimate of every stream (the newest round that has the stream and at least one report) and
   its confidence interval (level in ``haarvest_estimate_level``), taken from the API's throttled cache
@@ -27,7 +29,17 @@ from prometheus_client.registry import Collector, CollectorRegistry
 if TYPE_CHECKING:  # pragma: no cover
     from coordinator.api import ApiServer
 
-__all__ = ["FleetCollector", "render", "CONTENT_TYPE_LATEST"]
+__all__ = ["FleetCollector", "render", "CONTENT_TYPE_LATEST", "RECENT_ROUNDS", "labelled_rounds"]
+
+#: Rounds with series of their own besides the open ones: the most recently opened (issue 37: every round ever opened
+#: stayed a labelled series, so a fleet with hourly rounds grew 8,760 series a year per stream).
+RECENT_ROUNDS = 24
+
+
+def labelled_rounds(rounds: list[dict[str, Any]], recent: int = RECENT_ROUNDS) -> list[dict[str, Any]]:
+    """The rounds (in opening order) that get labelled series: every open one and the ``recent`` last opened."""
+    keep = {id(r) for r in rounds[-recent:]} if recent > 0 else set()
+    return [r for r in rounds if r["status"] == "open" or id(r) in keep]
 
 
 class FleetCollector(Collector):
@@ -74,12 +86,16 @@ class FleetCollector(Collector):
         round_open = GaugeMetricFamily("haarvest_round_open", "1 while a round is open", labels=["round"])
         reports = GaugeMetricFamily("haarvest_round_reports", "stored reports per round and stream",
                                     labels=["round", "stream"])
-        for r in rounds:
+        by_status = GaugeMetricFamily("haarvest_rounds", "rounds by status", labels=["status"])
+        for status in sorted({r["status"] for r in rounds}):
+            by_status.add_metric([status], sum(1 for r in rounds if r["status"] == status))
+        for r in labelled_rounds(rounds):
             round_open.add_metric([r["round_id"]], 1.0 if r["status"] == "open" else 0.0)
             for stream in r["streams"]:
                 reports.add_metric([r["round_id"], stream], counts.get((r["round_id"], stream), 0))
         yield round_open
         yield reports
+        yield by_status
         yield from self._estimates(rounds, counts)
 
     def _estimates(self, rounds: list[dict[str, Any]], counts: dict[tuple[str, str], int]) -> Iterator[Metric]:
