@@ -67,14 +67,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         from .pipeline import Pipeline
         from .sources import SourceError, build_sources
 
-        try:
+        try:  # a source that cannot produce a configured dimension here would drop every reading: fail now
             reading = build_sources(cfg.sources, cfg.device_id).read()
             if reading is None:
-                summary["warnings"].append("the source returned no reading")
+                summary["ok"] = False
+                summary["warnings"].append("the source returned no reading on this host")
             else:
                 Pipeline(cfg, b"\0" * 32).validate(reading)
         except (SourceError, InvalidRecord) as exc:
-            summary["warnings"].append(f"a test reading failed: {exc}")
+            summary["ok"] = False
+            summary["warnings"].append(f"a test reading failed on this host (the agent would drop every such "
+                                       f"reading): {exc}")
         try:
             summary["warnings"] += replay_warnings(cfg)
         except SourceError as exc:

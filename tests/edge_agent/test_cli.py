@@ -191,6 +191,33 @@ def test_check_config_warns_about_replay_values_it_would_clip_or_drop(tmp_path, 
     assert set(parse_round_params(out["round_params"]).streams) == {"cpu", "mode"}
 
 
+def test_check_config_fails_when_a_source_cannot_produce_a_dimension_here(tmp_path, capsys):
+    """Issue 37: the Pi config on a host without a temperature sensor passed check-config, then dropped every
+    reading. A host root without /sys/class/thermal: the test reading lacks temp, check-config exits 1."""
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f"""
+device_id = "pi-cli"
+state_dir = "state"
+[ledger]
+total_cap = 10.0
+[[dimensions]]
+name = "temp"
+kind = "numeric"
+lo = 0
+hi = 100
+source = "temp_c"
+[[sources]]
+kind = "system"
+options = {{ root = "{tmp_path / 'host'}" }}
+""")
+    (tmp_path / "host").mkdir()
+    assert main(["agent", "check-config", "--config", str(cfg)]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and any("a test reading failed on this host" in w and "temp" in w
+                                      for w in out["warnings"]), out["warnings"]
+    assert main(["agent", "check-config", "--config", str(cfg), "--no-source-check"]) == 0  # asked not to look
+
+
 def test_check_config_refuses_a_client_certificate_issued_to_another_device(tmp_path, capsys):
     from coordinator.pki import init_ca, issue_certificate
 
