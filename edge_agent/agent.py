@@ -31,7 +31,7 @@ from protocols import wire
 from protocols.errors import InvalidRecord, Refused
 
 from .config import AgentConfig, Secrets, load_secrets
-from .ledger_guard import check_ledger, write_mark
+from .ledger_guard import check_ledger, mark_key, write_mark
 from .ledger_guard import compare as compare_ledger
 from .pipeline import Pipeline, PreparedReport, Record
 from .rounds import RoundCheck, RoundStatus, answer_round
@@ -113,6 +113,7 @@ class Agent:
         self._saved_link: tuple[str, float, str] | None = None  # the broker link as last written to the state
         self._sent_later: list[int] = []
         self._mark: dict[str, Any] = {}
+        self._mark_key = b""
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
@@ -121,10 +122,12 @@ class Agent:
         if self.state is not None:
             return self
         # the ledger cannot be silently reset: refuse a missing, older, foreign or damaged ledger (ledger_guard)
-        mark = check_ledger(self.config.database_path, self.config.signing_key_path.exists())
+        identity = self.config.signing_key_path.exists()
+        self._mark_key = mark_key(self.secrets.hmac_secret)
+        mark = check_ledger(self.config.database_path, identity, self._mark_key)
         state = State(self.config.database_path, hosted=self.hosted)
         try:
-            compare_ledger(state, mark)
+            compare_ledger(state, mark, identity)
             self.pipeline = Pipeline(self.config, self.secrets.hmac_secret, state.load_rounding())
         except BaseException:
             state.close()
@@ -135,7 +138,7 @@ class Agent:
         if rounding is not None:
             self.pipeline.rounding_saved()
         self._mark = self.state.mark()
-        write_mark(self.config.state_dir, self._mark)
+        write_mark(self.config.state_dir, self._mark, self._mark_key)
         if self.transport is not None:
             self.transport.start({"boot": self.boot, "key_id": self.secrets.key_id})
         log.info(
@@ -391,7 +394,7 @@ class Agent:
             self._mark["spent_total"] += sum(c.charged for c in committed)
             if state.ledger_max is not None:  # None: the batch wrote no ledger row
                 self._mark["ledger_rows"] = state.ledger_max
-            write_mark(self.config.state_dir, self._mark)
+            write_mark(self.config.state_dir, self._mark, self._mark_key)
         for name, n in counters.items():  # committed: forget them (nothing counts while the transaction runs)
             left = self._pending_counters[name] - n
             if left:

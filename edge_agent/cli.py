@@ -237,8 +237,8 @@ def _privacy_units(cfg: Any) -> dict[str, Any]:
 
 
 def cmd_reset_ledger(args: argparse.Namespace) -> int:
-    from .config import ConfigError
-    from .ledger_guard import reset_ledger
+    from .config import ConfigError, load_secrets
+    from .ledger_guard import mark_key, reset_ledger
 
     try:
         cfg = _load(args)
@@ -247,7 +247,11 @@ def cmd_reset_ledger(args: argparse.Namespace) -> int:
     if not args.yes:
         return _fail("reset-ledger starts a new privacy ledger with a full budget; it is recorded (ledger.resets, the "
                      "new database, the coordinator sees the device's boot) — confirm with --yes")
-    record = reset_ledger(cfg.database_path, reason=args.reason or "", next_seq=args.next_seq)
+    try:  # the new mark is authenticated with the device's secret (enrolled devices have one)
+        key = mark_key(load_secrets(cfg).hmac_secret)
+    except ConfigError:
+        key = None
+    record = reset_ledger(cfg.database_path, reason=args.reason or "", next_seq=args.next_seq, key=key)
     print(json.dumps(record, indent=2))
     return 0
 

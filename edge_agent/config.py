@@ -639,8 +639,8 @@ def create_secrets(cfg: AgentConfig, overwrite: bool = False, signature: str = "
     secret = _secrets.token_bytes(32)
     write_private_file(cfg.signing_key_path, wire.device_key_text(key) + "\n")
     write_private_file(cfg.hmac_secret_path, secret.hex() + "\n")
-    from .ledger_guard import read_mark, start_mark
+    from .ledger_guard import mark_key, read_mark, start_mark
 
     if read_mark(cfg.state_dir) is None and not cfg.database_path.exists():
-        start_mark(cfg.state_dir)  # a new device's ledger starts empty; from now on a missing one is refused
+        start_mark(cfg.state_dir, mark_key(secret))  # a new ledger starts empty; from now on a missing one is refused
     return Secrets(signing_key=key, hmac_secret=secret)

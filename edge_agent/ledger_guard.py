@@ -7,7 +7,9 @@ To make that impossible without a word, the agent keeps a small **mark** file be
 what the ledger had reached after the last committed device round:
 
 * ``ledger_id`` — a random id drawn when the database was created (in its ``meta`` table);
-* ``boot``, ``next_seq``, ``ledger_rows`` (the highest ledger row id; rows are append-only) and ``spent_total``.
+* ``boot``, ``next_seq``, ``ledger_rows`` (the highest ledger row id; rows are append-only) and ``spent_total``;
+* ``mac`` — HMAC-SHA256 of the rest under a key derived from the device's secret (:func:`mark_key`), so a mark
+  written by hand (a "never used" one beside a deleted database) is refused.
 
 All four numbers only grow. The mark is written *after* each commit, so after a crash it can lag the database but
 never lead it. At start (:func:`check_ledger`, before the database is opened or created) the agent refuses to run —
@@ -28,6 +30,7 @@ coordinator flags the sequence regression it causes (``seq_regression``, counted
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import sqlite3
@@ -37,8 +40,8 @@ from typing import Any
 
 from protocols.errors import LedgerIntegrityError
 
-__all__ = ["LedgerIntegrityError", "MARK_NAME", "RESETS_NAME", "read_mark", "write_mark", "start_mark",
-           "check_ledger", "compare", "reset_ledger"]
+__all__ = ["LedgerIntegrityError", "MARK_NAME", "RESETS_NAME", "read_mark", "load_mark", "mark_key", "write_mark",
+           "start_mark", "check_ledger", "compare", "reset_ledger"]
 
 MARK_NAME = "ledger.mark"
 RESETS_NAME = "ledger.resets"
@@ -54,13 +57,25 @@ def _fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def read_mark(state_dir: Path) -> dict[str, Any] | None:
-    """The mark file's content, or None if there is none. LedgerIntegrityError if it is unreadable."""
+def mark_key(hmac_secret: bytes) -> bytes:
+    """The key that authenticates the mark: ``HMAC-SHA256(device secret, "haarvest/ledger-mark/v1")`` (the memo HMAC
+    secret, which never leaves the device; domain-separated from the memo keys)."""
+    return hmac.digest(hmac_secret, b"haarvest/ledger-mark/v1", "sha256")
+
+
+def _mac(key: bytes, mark: dict[str, Any]) -> str:
+    body = {k: v for k, v in mark.items() if k != "mac"}
+    return hmac.digest(key, json.dumps(body, sort_keys=True).encode(), "sha256").hex()
+
+
+def load_mark(state_dir: Path, key: bytes | None = None) -> tuple[dict[str, Any] | None, bool]:
+    """``(mark without its "mac", authenticated)``; ``(None, False)`` if there is none. LedgerIntegrityError if it
+    is unreadable, or if it carries a MAC that ``key`` does not verify (forged, or another device's)."""
     path = Path(state_dir) / MARK_NAME
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return None
+        return None, False
     except OSError as exc:
         raise LedgerIntegrityError(f"cannot read the ledger mark {path}: {exc.strerror or exc}") from None
     try:
@@ -70,14 +85,31 @@ def read_mark(state_dir: Path) -> dict[str, Any] | None:
     except ValueError:
         raise LedgerIntegrityError(f"the ledger mark {path} is corrupt; restore it or run "
                                    f"`haarvest agent reset-ledger --yes` to start a recorded new ledger") from None
-    return mark
+    mac = mark.pop("mac", None)
+    authenticated = False
+    if key is not None and mac is not None:
+        if not (isinstance(mac, str) and hmac.compare_digest(mac, _mac(key, mark))):
+            raise LedgerIntegrityError(f"the ledger mark {path} fails its authentication (written by hand, or not this "
+                                       f"device's); restore it or run `haarvest agent reset-ledger --yes` to start a "
+                                       f"recorded new ledger")
+        authenticated = True
+    return mark, authenticated
 
 
-def write_mark(state_dir: Path, mark: dict[str, Any]) -> None:
-    """Replace the mark atomically and durably (temporary file, fsync, rename, fsync of the directory)."""
+def read_mark(state_dir: Path) -> dict[str, Any] | None:
+    """The mark file's content (without its MAC), or None if there is none. LedgerIntegrityError if unreadable."""
+    return load_mark(state_dir)[0]
+
+
+def write_mark(state_dir: Path, mark: dict[str, Any], key: bytes | None = None) -> None:
+    """Replace the mark atomically and durably (temporary file, fsync, rename, fsync of the directory), with its MAC
+    under ``key`` (:func:`mark_key`) when given."""
     directory = os.fspath(state_dir)
     tmp = os.path.join(directory, MARK_NAME + ".tmp")
-    data = (json.dumps(mark, sort_keys=True) + "\n").encode()
+    body = {k: v for k, v in mark.items() if k != "mac"}
+    if key is not None:
+        body["mac"] = _mac(key, body)
+    data = (json.dumps(body, sort_keys=True) + "\n").encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(data)
@@ -90,11 +122,11 @@ def write_mark(state_dir: Path, mark: dict[str, Any]) -> None:
     _fsync_dir(directory)
 
 
-def start_mark(state_dir: Path) -> None:
-    """The mark of a device whose ledger does not exist yet (written when its identity is created)."""
+def start_mark(state_dir: Path, key: bytes | None = None) -> None:
+    """The mark of a device whose ledger does not exist yet (written, authenticated, when its identity is created)."""
     Path(state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
     write_mark(state_dir, {"ledger_id": None, "boot": 0, "next_seq": 0, "ledger_rows": 0, "spent_total": 0.0,
-                           "resets": 0})
+                           "resets": 0}, key)
 
 
 def _reset_hint(db: Path) -> str:
@@ -102,17 +134,25 @@ def _reset_hint(db: Path) -> str:
             f"(recorded; the old database is kept) — state {db.parent}")
 
 
-def check_ledger(database: Path, identity_exists: bool) -> dict[str, Any] | None:
+def check_ledger(database: Path, identity_exists: bool, key: bytes | None = None) -> dict[str, Any] | None:
     """Refuse to start on a missing, older, foreign or inconsistent ledger (:class:`LedgerIntegrityError`).
 
     Call it *before* opening the database (opening creates one). Returns the mark (None if there is none yet).
+    With the device's mark ``key`` (:func:`mark_key`) and its identity on disk, a mark whose MAC fails is refused, and a mark without one is
+    trusted only beside an existing database that :func:`compare` then checks (a mark from before marks were
+    authenticated): a missing database with an unauthenticated mark — a hand-written "never used" mark — is refused.
     The numbers themselves are compared by :func:`compare`, once the database is open.
     """
     database = Path(database)
-    mark = read_mark(database.parent)
+    # an identity held in memory (embedded agents) can change between runs on one state directory: no stable key to
+    # verify with (the coordinator's witness covers those devices); an identity on disk keys the mark
+    mark, authenticated = load_mark(database.parent, key if identity_exists else None)
     db_ok = database.exists() and database.stat().st_size > 0
     if db_ok:
         return mark
+    if mark is not None and key is not None and identity_exists and not authenticated:
+        raise LedgerIntegrityError(f"the ledger database {database} is missing and the device's mark carries no "
+                                   f"authentication (written by hand?); " + _reset_hint(database))
     if mark is not None and (mark.get("ledger_id") is not None or any(mark[k] > 0 for k in MONOTONIC)):
         raise LedgerIntegrityError(f"the ledger database {database} is missing or empty but the device's mark says it "
                                    f"had reached seq {int(mark['next_seq'])} and ε {mark['spent_total']:.6g}; "
@@ -123,8 +163,10 @@ def check_ledger(database: Path, identity_exists: bool) -> dict[str, Any] | None
     return mark
 
 
-def compare(state: Any, mark: dict[str, Any] | None) -> None:
-    """The open database against the mark: same ledger, no number smaller, sound (LedgerIntegrityError)."""
+def compare(state: Any, mark: dict[str, Any] | None, identity_exists: bool = False) -> None:
+    """The open database against the mark: same ledger, no number smaller, sound (LedgerIntegrityError). A device
+    with an identity on disk and no mark must have a ledger with history (an empty database put beside an identity
+    whose mark was deleted gave a full budget again)."""
     db = Path(state.path)
     check = state.integrity_check(quick=True)
     if check != ["ok"]:
@@ -133,9 +175,12 @@ def compare(state: Any, mark: dict[str, Any] | None) -> None:
     if not inv["ok"]:
         raise LedgerIntegrityError(f"the ledger database {db} is inconsistent (ledger ε {inv['ledger_total']:.6g} vs "
                                    f"reports ε {inv['reports_total']:.6g}); " + _reset_hint(db))
-    if mark is None:
-        return
     now = state.mark()
+    if mark is None:
+        if identity_exists and now["ledger_rows"] == 0 and now["next_seq"] == 0:
+            raise LedgerIntegrityError(f"the ledger database {db} is empty, the device identity exists and its ledger "
+                                       f"mark is gone; " + _reset_hint(db))
+        return
     if mark.get("ledger_id") is not None and mark["ledger_id"] != now["ledger_id"]:
         raise LedgerIntegrityError(f"the ledger database {db} is not the device's ledger (id {now['ledger_id']}, "
                                    f"the mark says {mark['ledger_id']}); " + _reset_hint(db))
@@ -146,8 +191,8 @@ def compare(state: Any, mark: dict[str, Any] | None) -> None:
                                        + _reset_hint(db))
 
 
-def reset_ledger(database: Path, *, reason: str = "", next_seq: int | None = None, now: float | None = None
-                 ) -> dict[str, Any]:
+def reset_ledger(database: Path, *, reason: str = "", next_seq: int | None = None, now: float | None = None,
+                 key: bytes | None = None) -> dict[str, Any]:
     """Start a new, recorded ledger: keep the old database aside, continue ``next_seq`` and ``boot`` (the larger of
     the old database's, the mark's and ``next_seq``), record the reset in the new database, in
     ``ledger.resets`` and in the mark. Returns the reset record."""
@@ -188,5 +233,5 @@ def reset_ledger(database: Path, *, reason: str = "", next_seq: int | None = Non
         fh.write(json.dumps(record, sort_keys=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
-    write_mark(state_dir, {**new_mark, "resets": resets})
+    write_mark(state_dir, {**new_mark, "resets": resets}, key)
     return record

@@ -91,6 +91,40 @@ def test_a_damaged_or_replaced_ledger_is_refused_not_restarted(tmp_path, damage)
     assert "\n" not in str(err.value)
 
 
+def test_a_hand_written_mark_and_an_emptied_ledger_are_refused(tmp_path, capsys):
+    """Issue 37's silent cases on an enrolled device (cap 6, 6 spent): (a) database deleted and a "never used"
+    mark written by hand — full budget again before; (b) an empty database and no mark — 12 released before."""
+    cfg = _write_config(tmp_path)
+    assert main(["agent", "enroll", "--config", str(cfg)]) == 0
+    assert main(["agent", "run", "--config", str(cfg), "--max-rounds", "2", "--log-level", "WARNING"]) == 0
+    state = tmp_path / "state"
+    mark_text = (state / MARK_NAME).read_text()
+    assert '"mac"' in mark_text  # authenticated with the device's secret
+    db = state / "agent.sqlite3"
+
+    def wipe():
+        for suffix in ("", "-wal", "-shm"):
+            db.with_name(db.name + suffix).unlink(missing_ok=True)
+
+    wipe()  # (a)
+    (state / MARK_NAME).write_text(json.dumps({"ledger_id": None, "boot": 0, "next_seq": 0, "ledger_rows": 0,
+                                               "spent_total": 0.0, "resets": 0}) + "\n")
+    capsys.readouterr()
+    assert main(["agent", "run", "--config", str(cfg), "--max-rounds", "1", "--log-level", "WARNING"]) == 2
+    assert "carries no authentication" in capsys.readouterr().err and not db.exists()
+    forged = json.loads(mark_text)  # a mark with a MAC that does not verify: refused too
+    forged.update(next_seq=0, spent_total=0.0, ledger_id=None, boot=0, ledger_rows=0)
+    (state / MARK_NAME).write_text(json.dumps(forged) + "\n")
+    assert main(["agent", "run", "--config", str(cfg), "--max-rounds", "1", "--log-level", "WARNING"]) == 2
+    assert "fails its authentication" in capsys.readouterr().err
+    (state / MARK_NAME).unlink()  # (b): an empty database, no mark
+    from edge_agent.state import State
+
+    State(db).close()
+    assert main(["agent", "run", "--config", str(cfg), "--max-rounds", "1", "--log-level", "WARNING"]) == 2
+    assert "its ledger mark is gone" in capsys.readouterr().err
+
+
 def test_missing_ledger_with_an_enrolled_identity_is_refused_by_the_cli(tmp_path, capsys):
     cfg = _write_config(tmp_path)
     assert main(["agent", "enroll", "--config", str(cfg)]) == 0
