@@ -40,7 +40,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 
 from coordinator.rounds import RoundManager
-from protocols.contract import make_body, parse_round_params
+from protocols.contract import make_body
 from coordinator.simfleet import SimFleet
 from coordinator.store import open_store
 from protocols import wire
@@ -66,7 +66,6 @@ def _params() -> dict:
 
 
 def _reports(fleet: SimFleet, round_id: str) -> list[tuple[str, bytes]]:
-    spec = parse_round_params(_params()).streams[STREAMS[0]]
     body = make_body(0)  # a Duchi report at ε = 0.25: index 0 (−B)
     return [dev.report(round_id, s, "duchi", body) for s in STREAMS for dev in fleet.devices]
 
